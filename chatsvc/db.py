@@ -8,7 +8,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import sessionmaker
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
-MIGRATION_LOCK_ID = 72_657_613  # any constant: replicas starting together take turns migrating
+STARTUP_LOCK_ID = 72_657_613  # any constant, the same for every replica
 
 
 def create_db_engine(url: str) -> Engine:
@@ -41,9 +41,14 @@ def alembic_config(connection: Connection) -> Config:
 def migrate(engine: Engine, revision: str = "head") -> None:
     """Bring the schema to `revision`; safe to run from several replicas at once on Postgres."""
     with engine.begin() as connection:
-        if connection.dialect.name == "postgresql":
-            connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": MIGRATION_LOCK_ID})
+        hold_startup_lock(connection)
         command.upgrade(alembic_config(connection), revision)
+
+
+def hold_startup_lock(connection: Connection) -> None:
+    """Replicas starting together take turns (until the transaction ends) at migrating and setting up."""
+    if connection.dialect.name == "postgresql":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": STARTUP_LOCK_ID})
 
 
 def redacted(url: str) -> str:

@@ -1,0 +1,193 @@
+"""Request and response shapes of the REST API under /api (the tables live in chatsvc.models)."""
+
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from chatsvc.models import MessageStatus, Role, utcnow
+from chatsvc.sessions import age_group
+from chatsvc.turns import TurnOptions
+
+Title = Annotated[str, Field(min_length=1, max_length=200)]
+SystemPrompt = Annotated[str, Field(max_length=50_000)]
+Temperature = Annotated[float, Field(ge=0, le=2)]
+KvBudget = Annotated[int, Field(ge=1)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not silently ignored
+
+
+class FromRow(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class Detail(BaseModel):
+    detail: str
+
+
+# --- users and keys ---
+
+
+class UserPublic(FromRow):
+    id: int
+    username: str
+    role: Role
+    created_at: datetime
+
+
+class UserCreate(Strict):
+    username: str = Field(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")
+    role: Role = Role.user
+    password: str | None = Field(None, min_length=8, max_length=200)
+
+
+class UserCreated(UserPublic):
+    api_key: str  # shown once
+
+
+class UserList(BaseModel):
+    data: list[UserPublic]
+    count: int
+
+
+class ApiKeyCreate(Strict):
+    name: str = Field(min_length=1, max_length=100)
+
+
+class ApiKeyPublic(FromRow):
+    id: int
+    name: str
+    created_at: datetime
+
+
+class ApiKeyCreated(ApiKeyPublic):
+    key: str  # shown once; only its hash is stored
+
+
+class ApiKeyList(BaseModel):
+    data: list[ApiKeyPublic]
+    count: int
+
+
+# --- knowledge bases ---
+
+
+class KnowledgeBaseCreate(Strict):
+    name: Title
+
+
+class KnowledgeBasePublic(FromRow):
+    id: str
+    name: str
+    created_at: datetime
+
+
+class KnowledgeBaseList(BaseModel):
+    data: list[KnowledgeBasePublic]
+    count: int
+
+
+# --- sessions and messages ---
+
+
+class SessionCreate(Strict):
+    title: str = Field("", max_length=200)
+    system_prompt: SystemPrompt | None = None
+    knowledge_base_id: str | None = None
+    temperature: Temperature | None = None
+    kv_budget_tokens: KvBudget | None = None
+
+
+class SessionUpdate(Strict):
+    # Left out = unchanged.  These three cannot be null: the default is not validated, a sent null is.
+    title: Title = None
+    archived: bool = None
+    pinned: bool = None
+    system_prompt: SystemPrompt | None = None
+    knowledge_base_id: str | None = None
+    temperature: Temperature | None = None
+    kv_budget_tokens: KvBudget | None = None
+
+
+class SessionPublic(FromRow):
+    id: str
+    title: str
+    created_at: datetime
+    updated_at: datetime
+    archived: bool
+    pinned: bool
+    system_prompt: str | None
+    knowledge_base_id: str | None
+    temperature: float | None
+    kv_budget_tokens: int | None
+
+    @computed_field
+    @property
+    def group(self) -> str:
+        """Sidebar group: Pinned, Today, Yesterday, Previous 7 days, Previous 30 days, Older."""
+        return "Pinned" if self.pinned else age_group(self.updated_at, utcnow())
+
+
+class SessionList(BaseModel):
+    data: list[SessionPublic]
+    count: int  # all matches, beyond this page too
+
+
+class MessagePublic(FromRow):
+    id: int
+    session_id: str
+    parent_id: int | None
+    role: str
+    content: str
+    context: list[dict] | None  # the sources that traveled with a user message
+    status: MessageStatus
+    error: str | None
+    finish_reason: str | None
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    completion_tokens: int | None
+    ttft_seconds: float | None
+    tokens_per_second: float | None
+    citations: list[dict] | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class MessageList(BaseModel):
+    data: list[MessagePublic]
+    count: int
+
+
+class SessionDetail(SessionPublic):
+    messages: list[MessagePublic]  # the active branch, oldest first
+
+    @classmethod
+    def of(cls, session, messages: list) -> "SessionDetail":
+        public = SessionPublic.model_validate(session).model_dump(exclude={"group"})
+        return cls(**public, messages=[MessagePublic.model_validate(message) for message in messages])
+
+
+class GenerationOptions(Strict):
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: Temperature | None = None
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int | None = None
+
+    def turn_options(self) -> TurnOptions:
+        return TurnOptions(self.max_tokens, self.temperature, self.top_p, [], self.seed)
+
+
+class EditRequest(GenerationOptions):
+    content: str = Field(min_length=1)
+
+
+class TurnPublic(BaseModel):
+    session_id: str
+    reply: MessagePublic
+
+
+class Health(BaseModel):
+    status: str  # ok, loading, failed, dead
+    model: str

@@ -1,0 +1,256 @@
+"""Every database query of the chat service.  Routes and the turn flow call these, never SQL directly."""
+
+from collections.abc import Sequence
+
+from sqlalchemy import delete, exists, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from chatsvc.errors import Conflict, NotFound
+from chatsvc.models import (
+    UNFINISHED,
+    ApiKey,
+    ChatSession,
+    KnowledgeBase,
+    Message,
+    MessageStatus,
+    Role,
+    User,
+    utcnow,
+)
+from chatsvc.security import hash_api_key, hash_password, new_api_key
+
+FIRST_ADMIN = "admin"
+SETTINGS_KEY_NAME = "from settings"
+
+# --- Scoped lookups: every lookup of a session, message or knowledge base by id goes through these. ---
+
+
+def find_session(db: Session, owner_id: int, session_id: str) -> ChatSession:
+    found = db.scalar(
+        select(ChatSession).where(ChatSession.id == session_id, ChatSession.owner_id == owner_id)
+    )
+    if found is None:
+        raise NotFound(f"session {session_id} not found")
+    return found
+
+
+def find_message(db: Session, owner_id: int, message_id: int) -> Message:
+    found = db.scalar(
+        select(Message)
+        .join(ChatSession, Message.session_id == ChatSession.id)
+        .where(Message.id == message_id, ChatSession.owner_id == owner_id)
+    )
+    if found is None:
+        raise NotFound(f"message {message_id} not found")
+    return found
+
+
+def find_knowledge_base(db: Session, owner_id: int, knowledge_base_id: str) -> KnowledgeBase:
+    found = db.scalar(
+        select(KnowledgeBase).where(KnowledgeBase.id == knowledge_base_id, KnowledgeBase.owner_id == owner_id)
+    )
+    if found is None:
+        raise NotFound(f"knowledge base {knowledge_base_id} not found")
+    return found
+
+
+def find_any_session(db: Session, session_id: str) -> ChatSession:
+    """Unscoped: for admin routes only."""
+    found = db.get(ChatSession, session_id)
+    if found is None:
+        raise NotFound(f"session {session_id} not found")
+    return found
+
+
+# --- Users and API keys ---
+
+
+def user_by_api_key(db: Session, key: str) -> User | None:
+    return db.scalar(select(User).join(ApiKey).where(ApiKey.key_hash == hash_api_key(key)))
+
+
+def create_user(db: Session, username: str, role: Role = Role.user, password: str | None = None) -> User:
+    if db.scalar(select(exists().where(User.username == username))):
+        raise Conflict(f"user {username!r} exists already")
+    user = User(username=username, role=role, password_hash=hash_password(password) if password else None)
+    db.add(user)
+    db.flush()
+    return user
+
+
+def list_users(db: Session) -> Sequence[User]:
+    return db.scalars(select(User).order_by(User.id)).all()
+
+
+def delete_user(db: Session, user_id: int) -> None:
+    user = db.get(User, user_id)
+    if user is None:
+        raise NotFound(f"user {user_id} not found")
+    db.delete(user)
+
+
+def create_api_key(db: Session, user: User, name: str) -> tuple[ApiKey, str]:
+    """The key itself is returned once and never stored; only its hash is."""
+    key = new_api_key()
+    record = ApiKey(user_id=user.id, name=name, key_hash=hash_api_key(key))
+    db.add(record)
+    db.flush()
+    return record, key
+
+
+def list_api_keys(db: Session, user: User) -> Sequence[ApiKey]:
+    return db.scalars(select(ApiKey).where(ApiKey.user_id == user.id).order_by(ApiKey.id)).all()
+
+
+def delete_api_key(db: Session, user: User, key_id: int) -> None:
+    if db.execute(delete(ApiKey).where(ApiKey.id == key_id, ApiKey.user_id == user.id)).rowcount == 0:
+        raise NotFound(f"API key {key_id} not found")
+
+
+def ensure_first_admin(db: Session, api_key: str | None, password: str | None) -> tuple[User, str | None]:
+    """Create the admin 'admin' on first start; the settings' key and password always apply.
+
+    Returns the admin, and a generated API key when the admin is new and the settings gave none."""
+    admin = db.scalar(select(User).where(User.username == FIRST_ADMIN))  # None on the first start
+    generated = None
+    if admin is None:
+        admin = create_user(db, FIRST_ADMIN, Role.admin)
+        if api_key is None:
+            api_key = generated = new_api_key()
+    if api_key is not None:
+        _set_settings_key(db, admin, api_key)
+    if password:
+        admin.password_hash = hash_password(password)
+    return admin, generated
+
+
+def _set_settings_key(db: Session, admin: User, api_key: str) -> None:
+    record = db.scalar(select(ApiKey).where(ApiKey.user_id == admin.id, ApiKey.name == SETTINGS_KEY_NAME))
+    if record is None:
+        db.add(ApiKey(user_id=admin.id, name=SETTINGS_KEY_NAME, key_hash=hash_api_key(api_key)))
+    else:
+        record.key_hash = hash_api_key(api_key)
+
+
+# --- Knowledge bases ---
+
+
+def create_knowledge_base(db: Session, owner_id: int, name: str) -> KnowledgeBase:
+    knowledge_base = KnowledgeBase(owner_id=owner_id, name=name)
+    db.add(knowledge_base)
+    db.flush()
+    return knowledge_base
+
+
+def list_knowledge_bases(db: Session, owner_id: int) -> Sequence[KnowledgeBase]:
+    query = select(KnowledgeBase).where(KnowledgeBase.owner_id == owner_id).order_by(KnowledgeBase.created_at)
+    return db.scalars(query).all()
+
+
+def delete_knowledge_base(db: Session, knowledge_base: KnowledgeBase) -> None:
+    db.delete(knowledge_base)
+
+
+# --- Sessions ---
+
+
+def create_session(db: Session, owner_id: int, **settings) -> ChatSession:
+    session = ChatSession(owner_id=owner_id, **settings)
+    db.add(session)
+    db.flush()
+    return session
+
+
+def list_sessions(
+    db: Session,
+    owner_id: int | None,
+    archived: bool | None = False,
+    search: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> tuple[Sequence[ChatSession], int]:
+    """Pinned first, then most recently updated; `search` matches titles and message text.
+
+    owner_id None lists every user's sessions (admin routes only)."""
+    query = select(ChatSession)
+    if owner_id is not None:
+        query = query.where(ChatSession.owner_id == owner_id)
+    if archived is not None:
+        query = query.where(ChatSession.archived == archived)
+    if search:
+        pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        in_messages = exists().where(
+            Message.session_id == ChatSession.id, Message.content.ilike(pattern, "\\")
+        )
+        query = query.where(or_(ChatSession.title.ilike(pattern, "\\"), in_messages))
+    total = db.scalar(select(func.count()).select_from(query.subquery()))
+    page = query.order_by(ChatSession.pinned.desc(), ChatSession.updated_at.desc(), ChatSession.id)
+    return db.scalars(page.limit(limit).offset(offset)).all(), total
+
+
+def delete_session(db: Session, session: ChatSession) -> None:
+    db.delete(session)
+
+
+def session_messages(db: Session, session_id: str) -> Sequence[Message]:
+    """All of a session's messages, every branch, oldest first."""
+    return db.scalars(select(Message).where(Message.session_id == session_id).order_by(Message.id)).all()
+
+
+def branch(db: Session, session_id: str, tip_id: int | None = None) -> list[Message]:
+    """The messages from the root to `tip_id` (default: the newest message, i.e. the active branch)."""
+    by_id = {message.id: message for message in session_messages(db, session_id)}
+    tip = tip_id if tip_id is not None else max(by_id, default=None)
+    path = []
+    while tip is not None:
+        path.append(by_id[tip])
+        tip = by_id[tip].parent_id
+    return path[::-1]
+
+
+def has_messages(db: Session, session_id: str) -> bool:
+    return bool(db.scalar(select(exists().where(Message.session_id == session_id))))
+
+
+# --- Messages of a turn ---
+
+
+def add_message(
+    db: Session, session: ChatSession, parent_id: int | None, role: str, content: str, **fields
+) -> Message:
+    message = Message(session_id=session.id, parent_id=parent_id, role=role, content=content, **fields)
+    db.add(message)
+    session.updated_at = utcnow()
+    db.flush()
+    return message
+
+
+def set_context(db: Session, message_id: int, context: list[dict]) -> None:
+    db.execute(update(Message).where(Message.id == message_id).values(context=context))
+
+
+def save_reply_progress(db: Session, reply_id: int, content: str) -> None:
+    # Guarded by status, so a late progress write can never undo the final one.
+    db.execute(
+        update(Message)
+        .where(Message.id == reply_id, Message.status.in_(UNFINISHED))
+        .values(content=content, status=MessageStatus.streaming)
+    )
+
+
+def finish_reply(db: Session, reply_id: int, **fields) -> None:
+    db.execute(update(Message).where(Message.id == reply_id).values(replica_id=None, **fields))
+
+
+def mark_interrupted(db: Session, replica_id: str) -> int:
+    """Replies this replica left pending or streaming when it stopped; their partial text stays."""
+    result = db.execute(
+        update(Message)
+        .where(Message.status.in_(UNFINISHED), Message.replica_id == replica_id)
+        .values(
+            status=MessageStatus.interrupted,
+            error="the server stopped before this reply finished",
+            replica_id=None,
+        )
+    )
+    return result.rowcount

@@ -1,0 +1,298 @@
+"""The turn flow: a user message becomes a stored user message, a pending reply, a retrieved context, a
+prompt, a streamed reply saved as it grows, and finally usage, citations and metrics.  Engine-agnostic."""
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from chatsvc import crud, prompts
+from chatsvc.context import ContextProvider, citations, numbered
+from chatsvc.engines import EngineLoader
+from chatsvc.errors import Conflict, EngineFailed, QueueFull
+from chatsvc.metrics import ServiceMetrics
+from chatsvc.models import UNFINISHED, ChatSession, Message, MessageStatus, User
+from chatsvc.sessions import make_title
+from chatsvc.turns import Progress, Turn, TurnOptions, TurnResult
+from engine.protocol import EngineClient
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+FLUSH_INTERVAL_S = 0.5  # a streaming reply is saved at least this often
+QUEUE_RETRY_AFTER_S = 2
+
+
+class ChatService:
+    """Runs turns for many users at once; every database step runs in a worker thread."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker,
+        engines: EngineLoader,
+        context: ContextProvider,
+        metrics: ServiceMetrics,
+        *,
+        max_active_generations: int,
+        default_max_tokens: int,
+        replica_id: str,
+    ):
+        self.sessions = sessions
+        self.engines = engines
+        self.context = context
+        self.metrics = metrics
+        self.max_active_generations = max_active_generations
+        self.default_max_tokens = default_max_tokens
+        self.replica_id = replica_id
+        self.busy_sessions: set[str] = set()  # one reply at a time per session keeps the history linear
+
+    async def start_session(
+        self,
+        user: User,
+        content: str,
+        options: TurnOptions,
+        system_prompt: str | None = None,
+        knowledge_base_id: str | None = None,
+        history: Sequence[tuple[str, str]] = (),
+    ) -> Turn:
+        """A new stored session holding a client's earlier messages (role, content) and the new one."""
+        _check_content(content)
+        self._admit()
+
+        def store(db: Session) -> str:
+            session = crud.create_session(db, user.id, system_prompt=system_prompt)
+            _attach_knowledge_base(db, session, knowledge_base_id)
+            parent_id = None
+            for role, text in history:
+                parent_id = crud.add_message(db, session, parent_id, role, text).id
+            return session.id
+
+        return await self.send(user, await self._in_db(store), content, options)
+
+    async def send(
+        self,
+        user: User,
+        session_id: str,
+        content: str,
+        options: TurnOptions,
+        knowledge_base_id: str | None = None,
+    ) -> Turn:
+        """Continue the session's active branch with a new user message."""
+        _check_content(content)
+
+        def prepare(db: Session) -> tuple[ChatSession, list[Message]]:
+            session = crud.find_session(db, user.id, session_id)
+            _attach_knowledge_base(db, session, knowledge_base_id)
+            return session, crud.branch(db, session.id)
+
+        return await self._start(*await self._in_db(prepare), content, options)
+
+    async def edit(self, user: User, message_id: int, content: str, options: TurnOptions) -> Turn:
+        """A new branch: the edited user message beside the original, and a reply to it."""
+        _check_content(content)
+
+        def prepare(db: Session) -> tuple[ChatSession, list[Message]]:
+            original = crud.find_message(db, user.id, message_id)
+            if original.role != "user":
+                raise ValueError(f"message {message_id} is not a user message; only those can be edited")
+            session = crud.find_session(db, user.id, original.session_id)
+            return session, crud.branch(db, session.id, original.parent_id) if original.parent_id else []
+
+        return await self._start(*await self._in_db(prepare), content, options)
+
+    async def regenerate(self, user: User, message_id: int, options: TurnOptions) -> Turn:
+        """A new branch: another reply to the same user message, with the same sources."""
+
+        def prepare(db: Session) -> tuple[ChatSession, list[Message]]:
+            original = crud.find_message(db, user.id, message_id)
+            if original.role != "assistant":
+                raise ValueError(f"message {message_id} is not a reply; only replies can be regenerated")
+            session = crud.find_session(db, user.id, original.session_id)
+            return session, crud.branch(db, session.id, original.parent_id)
+
+        return await self._start(*await self._in_db(prepare), None, options)
+
+    async def read_message(self, user: User, message_id: int) -> Message:
+        return await self._in_db(crud.find_message, user.id, message_id)
+
+    def _admit(self) -> EngineClient:
+        engine = self.engines.ready()
+        if len(self.busy_sessions) >= self.max_active_generations:
+            raise QueueFull(self.max_active_generations, QUEUE_RETRY_AFTER_S)
+        return engine
+
+    async def _start(
+        self, session: ChatSession, path: list[Message], content: str | None, options: TurnOptions
+    ) -> Turn:
+        """Store the new user message (none when regenerating) and a pending reply, then start generating."""
+        started = time.perf_counter()
+        if session.id in self.busy_sessions or (path and path[-1].status in UNFINISHED):
+            raise Conflict(f"session {session.id} is still generating a reply; wait for it or cancel it")
+        engine = self._admit()
+        params = self._sampling_params(session, options)
+        self.busy_sessions.add(session.id)
+        try:
+            turn = await self._store_turn(session, path, content, engine.model_name, started)
+        except BaseException:
+            self.busy_sessions.discard(session.id)
+            raise
+        try:
+            prompt, sources = await self._prompt(engine, session, path, content, params.max_tokens)
+        except BaseException as error:
+            self.busy_sessions.discard(session.id)
+            failure = str(error) if isinstance(error, ValueError) else "preparing the prompt failed"
+            await asyncio.shield(
+                self._in_db(crud.finish_reply, turn.reply_id, status=MessageStatus.error, error=failure)
+            )
+            raise
+        turn.task = asyncio.create_task(self._generate(turn, engine, prompt, params, sources))
+        return turn
+
+    async def _store_turn(
+        self, session: ChatSession, path: list[Message], content: str | None, model_name: str, started: float
+    ) -> Turn:
+        """Appends the new user message to `path` (in place) and stores it and the pending reply."""
+
+        def store(db: Session) -> Turn:
+            stored = crud.find_session(db, session.owner_id, session.id)
+            if content is not None:
+                path.append(crud.add_message(db, stored, path[-1].id if path else None, "user", content))
+            if not stored.title:
+                stored.title = make_title(next(m.content for m in path if m.role == "user"))
+            reply = crud.add_message(
+                db,
+                stored,
+                path[-1].id,
+                "assistant",
+                "",
+                status=MessageStatus.pending,
+                replica_id=self.replica_id,
+            )
+            return Turn(stored.id, path[-1].id, reply.id, model_name, started)
+
+        return await self._in_db(store)
+
+    async def _prompt(
+        self,
+        engine: EngineClient,
+        session: ChatSession,
+        path: list[Message],
+        content: str | None,
+        max_tokens: int,
+    ) -> tuple[str, list[dict]]:
+        """This turn's sources (fetched for a new message, reused when regenerating) and its prompt."""
+        user_message = path[-1]
+        if content is not None:
+            user_message.context = numbered(await self.context.build_context(content, session)) or None
+            if user_message.context:
+                await self._in_db(crud.set_context, user_message.id, user_message.context)
+        limit = engine.max_model_len - max_tokens
+        prompt = await asyncio.to_thread(
+            prompts.fit_prompt, engine.tokenizer, session.system_prompt, path, limit
+        )
+        return prompt, user_message.context or []
+
+    def _sampling_params(self, session: ChatSession, options: TurnOptions) -> SamplingParams:
+        temperature = options.temperature if options.temperature is not None else session.temperature
+        return SamplingParams(
+            temperature=1.0 if temperature is None else temperature,
+            top_p=options.top_p,
+            max_tokens=options.max_tokens or self.default_max_tokens,
+            stop=options.stop,
+            seed=options.seed,
+        )
+
+    async def _generate(
+        self, turn: Turn, engine: EngineClient, prompt: str, params: SamplingParams, sources: list[dict]
+    ) -> TurnResult:
+        progress = Progress(started=turn.started)
+        saver = asyncio.create_task(self._save_periodically(turn.reply_id, progress))
+        status, error = MessageStatus.done, None
+        try:
+            stream = engine.generate(
+                prompt, params, request_id=str(turn.reply_id), session_id=turn.session_id
+            )
+            async for delta in stream:
+                if (gap := progress.add(delta, time.perf_counter())) is not None:
+                    self.metrics.inter_token_latency.observe(gap)
+                if delta.text:
+                    turn.pieces.put_nowait(delta.text)
+            if progress.finish_reason == "abort":
+                status = MessageStatus.aborted
+        except asyncio.CancelledError:
+            status, progress.finish_reason = MessageStatus.aborted, "abort"
+            await engine.abort(str(turn.reply_id))
+        except ValueError as caller_error:
+            status, error = MessageStatus.error, caller_error
+        except Exception:
+            log.exception("generating reply %s failed", turn.reply_id)
+            status, error = MessageStatus.error, EngineFailed("the engine failed while generating this reply")
+        finally:
+            turn.generating = False
+            saver.cancel()
+        # Shielded: a second cancel must not keep the finished reply from being stored.
+        return await asyncio.shield(self._finish(turn, progress, status, error, sources))
+
+    async def _finish(
+        self,
+        turn: Turn,
+        progress: Progress,
+        status: MessageStatus,
+        error: Exception | None,
+        sources: list[dict],
+    ) -> TurnResult:
+        text = progress.text()
+        result = TurnResult(
+            status, progress.finish_reason, text, progress.usage, citations(sources, text), error
+        )
+        try:
+            await self._in_db(
+                crud.finish_reply,
+                turn.reply_id,
+                status=status,
+                error=str(error) if error else None,
+                citations=result.citations or None,
+                **progress.stored_fields(),
+            )
+        except Exception:  # the reply stays 'streaming' and is marked interrupted at the next start
+            log.exception("storing the finished reply %s failed", turn.reply_id)
+        finally:
+            self.busy_sessions.discard(turn.session_id)  # only now may the session's next turn read it
+            turn.pieces.put_nowait(None)
+        self._observe(progress, result)
+        return result
+
+    def _observe(self, progress: Progress, result: TurnResult) -> None:
+        if progress.first_token_at is not None:
+            self.metrics.time_to_first_token.observe(progress.first_token_at - progress.started)
+        self.metrics.e2e_request_latency.observe(time.perf_counter() - progress.started)
+        reason = "error" if result.status == MessageStatus.error else (result.finish_reason or "stop")
+        self.metrics.request_success.labels(reason).inc()
+
+    async def _save_periodically(self, reply_id: int, progress: Progress) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL_S)
+            text = progress.text()
+            if len(text) > progress.saved_length:
+                progress.saved_length = len(text)
+                await self._in_db(crud.save_reply_progress, reply_id, text)
+
+    async def _in_db(self, work: Callable, *args, **kwargs):
+        """Run `work(db, ...)` in a worker thread, in one transaction."""
+
+        def run():
+            with self.sessions.begin() as db:
+                return work(db, *args, **kwargs)
+
+        return await asyncio.to_thread(run)
+
+
+def _check_content(content: str) -> None:
+    if not content.strip():
+        raise ValueError("the message is empty")
+
+
+def _attach_knowledge_base(db: Session, session: ChatSession, knowledge_base_id: str | None) -> None:
+    if knowledge_base_id is not None:
+        session.knowledge_base_id = crud.find_knowledge_base(db, session.owner_id, knowledge_base_id).id

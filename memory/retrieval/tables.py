@@ -1,0 +1,74 @@
+"""The retriever's tables, on their own MetaData so the chat service's migrations can include them.
+
+Every paragraph row keeps what a restart needs to rebuild the in-memory index without re-embedding: its
+text (re-tokenized) and its embedding (float32 bytes).  Ids never get reused (sqlite_autoincrement), so an
+index snapshot that names a paragraph id can trust it still means the same paragraph.
+"""
+
+from sqlalchemy import (
+    JSON,
+    Column,
+    DateTime,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+documents = Table(
+    "retrieval_documents",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("collection", String(255), nullable=False, index=True),
+    Column("name", String(512), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("num_bytes", Integer, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    sqlite_autoincrement=True,
+)
+
+sections = Table(
+    "retrieval_sections",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column(
+        "document_id",
+        Integer,
+        ForeignKey("retrieval_documents.id", ondelete="CASCADE"),
+        nullable=False,
+        index=True,
+    ),
+    Column("parent_id", Integer, ForeignKey("retrieval_sections.id", ondelete="CASCADE")),
+    Column("position", Integer, nullable=False),
+    Column("level", Integer, nullable=False),
+    Column("title", Text, nullable=False),
+    sqlite_autoincrement=True,
+)
+
+paragraphs = Table(
+    "retrieval_paragraphs",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("collection", String(255), nullable=False, index=True),
+    Column(
+        "document_id",
+        Integer,
+        ForeignKey("retrieval_documents.id", ondelete="CASCADE"),
+        nullable=False,
+        index=True,
+    ),
+    Column("section_id", Integer, ForeignKey("retrieval_sections.id", ondelete="CASCADE"), nullable=False),
+    Column("position", Integer, nullable=False),  # order in the document; neighbours are position +- 1
+    Column("heading", Text, nullable=False),  # titles of the enclosing sections, indexed with the text
+    Column("text", Text, nullable=False),
+    Column("sentence_ends", JSON, nullable=False),
+    Column("embedding", LargeBinary, nullable=False),
+    UniqueConstraint("document_id", "position"),
+    sqlite_autoincrement=True,
+)

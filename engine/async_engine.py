@@ -1,0 +1,154 @@
+"""The streaming engine for servers: the step loop runs in a background thread; asyncio callers add
+requests, iterate their deltas and abort them.
+
+The engine itself is single-threaded: every change to it (add, abort) travels as a command that the loop
+thread runs between steps, and deltas travel back through each caller's asyncio queue.
+"""
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine, Prompt, StepUpdate
+from engine.outputs import StreamDelta
+from engine.protocol import EngineStats
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig):
+        self.engine = LLMEngine(config)
+        self.model_name = Path(config.model).name
+        self.max_model_len = self.engine.max_model_len
+        self.commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self.wakeup = threading.Event()
+        self.stopping = False
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self.loop, name="engine-loop", daemon=True)
+        self.thread.start()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    async def generate(
+        self, prompt: Prompt, params: SamplingParams, request_id: str, session_id: str | None = None
+    ) -> AsyncIterator[StreamDelta]:
+        deltas: asyncio.Queue[StreamDelta | BaseException] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def add() -> None:
+            self.engine.add_request(request_id, prompt, params, session_id)
+            self.streams[request_id] = (loop, deltas)
+
+        await self.call(add)
+        finished = False
+        try:
+            while not finished:
+                delta = await deltas.get()
+                if isinstance(delta, BaseException):
+                    raise delta
+                finished = delta.finish_reason is not None
+                yield delta
+        finally:
+            if not finished:
+                self.submit(lambda: self.abort_now(request_id, missing_ok=True))
+
+    async def abort(self, request_id: str) -> None:
+        await self.call(lambda: self.abort_now(request_id))
+
+    def abort_now(self, request_id: str, missing_ok: bool = False) -> None:
+        if missing_ok and request_id not in self.engine.sequences:
+            self.streams.pop(request_id, None)
+            return
+        seq = self.engine.abort_request(request_id)
+        self.publish(StepUpdate(seq, [], "", finished=True))
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def is_healthy(self) -> bool:
+        return self.error is None and self.thread.is_alive()
+
+    def shutdown(self) -> None:
+        self.stopping = True
+        self.wakeup.set()
+        self.thread.join(timeout=30)
+
+    async def call(self, command: Callable[[], None]) -> None:
+        """Run a command on the loop thread and wait for it; its exception is raised here."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                command()
+                done.set_result(None)
+            except BaseException as error:
+                done.set_exception(error)
+
+        self.submit(run)
+        await asyncio.wrap_future(done)
+
+    def submit(self, command: Callable[[], None]) -> None:
+        if not self.is_healthy():
+            raise EngineDeadError(f"the engine stopped: {self.error!r}")
+        self.commands.put(command)
+        self.wakeup.set()
+
+    def loop(self) -> None:
+        try:
+            while not self.stopping:
+                self.run_commands()
+                if not self.engine.has_unfinished_requests():
+                    self.wakeup.wait()
+                    self.wakeup.clear()
+                    continue
+                for update in self.engine.step():
+                    self.publish(update)
+        except BaseException as error:
+            log.exception("engine loop died")
+            self.error = error
+            self.fail_all(EngineDeadError(f"the engine stopped: {error!r}"))
+
+    def run_commands(self) -> None:
+        while True:
+            try:
+                command = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            command()
+
+    def publish(self, update: StepUpdate) -> None:
+        seq = update.seq
+        target = self.streams.get(seq.request_id)
+        if target is None:
+            return
+        if update.finished:
+            del self.streams[seq.request_id]
+        delta = StreamDelta(
+            request_id=seq.request_id,
+            text=update.new_text,
+            token_ids=update.new_token_ids,
+            finish_reason=seq.finish_reason if update.finished else None,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=max(seq.num_cached_tokens, 0),
+        )
+        loop, deltas = target
+        loop.call_soon_threadsafe(deltas.put_nowait, delta)
+
+    def fail_all(self, error: BaseException) -> None:
+        for loop, deltas in self.streams.values():
+            loop.call_soon_threadsafe(deltas.put_nowait, error)
+        self.streams.clear()

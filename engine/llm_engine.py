@@ -1,0 +1,178 @@
+"""The engine loop: add requests, step (schedule, run, postprocess), report what changed."""
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoTokenizer, GenerationConfig
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig, resolve_device, resolve_dtype
+from engine.detokenizer import Detokenizer
+from engine.model_runner import ModelRunner
+from engine.models.decoder import ModelShape
+from engine.models.loader import load_hf_config, load_model
+from engine.protocol import EngineStats
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+
+Prompt = str | list[int] | dict
+
+
+@dataclass
+class StepUpdate:
+    seq: Sequence
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        hf_config = load_hf_config(config.model)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.max_model_len = min(config.max_model_len or hf_config.max_position_embeddings,
+                                 hf_config.max_position_embeddings)  # fmt: skip
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model)
+        self.eos_token_ids = eos_token_ids(config.model, self.tokenizer)
+        model = load_model(config.model, hf_config, self.dtype, self.device, self.max_model_len)
+        num_blocks = config.num_kv_blocks or kv_blocks_for_memory(config, model.shape, self.dtype)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.runner = ModelRunner(model, num_blocks, config.block_size)
+        self.sequences: dict[str, Sequence] = {}
+        self.detokenizers: dict[str, Detokenizer] = {}
+        self.counters = {"prompt_tokens": 0, "generation_tokens": 0}
+        self.recent_ttft: deque[float] = deque(maxlen=1000)
+        self.recent_itl: deque[float] = deque(maxlen=5000)
+
+    def add_request(
+        self, request_id: str, prompt: Prompt, params: SamplingParams, session_id: str | None = None
+    ) -> Sequence:
+        if request_id in self.sequences:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params.validate()
+        text, token_ids = self.tokenize(prompt)
+        self.check_fits(token_ids, params)
+        seq = Sequence(request_id, token_ids, params, prompt=text, session_id=session_id)
+        if params.seed is not None:
+            seq.generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        self.sequences[request_id] = seq
+        self.detokenizers[request_id] = Detokenizer(self.tokenizer, token_ids, params)
+        self.scheduler.add(seq)
+        self.counters["prompt_tokens"] += len(token_ids)
+        return seq
+
+    def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" not in prompt:
+                raise ValueError("a dict prompt needs 'prompt_token_ids'")
+            prompt = list(prompt["prompt_token_ids"])
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
+        if not all(isinstance(token, int) and 0 <= token < len(self.tokenizer) for token in prompt):
+            raise ValueError(f"prompt token ids must be integers in [0, {len(self.tokenizer)})")
+        return None, list(prompt)
+
+    def check_fits(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise ValueError("prompt is empty")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(token_ids)} tokens but the model's context is {self.max_model_len} "
+                "tokens, including at least one new token"
+            )
+        longest = min(len(token_ids) + params.max_tokens, self.max_model_len)
+        capacity = self.block_manager.num_blocks * self.block_manager.block_size
+        if self.block_manager.blocks_needed(longest) > self.block_manager.num_blocks:
+            raise ValueError(
+                f"request needs up to {longest} tokens of KV cache but the pool holds {capacity}; "
+                "lower max_tokens or give the engine more KV memory"
+            )
+
+    def abort_request(self, request_id: str) -> Sequence:
+        seq = self.sequences.pop(request_id, None)
+        if seq is None:
+            raise ValueError(f"unknown request id {request_id!r}")
+        self.detokenizers.pop(request_id)
+        self.scheduler.finish(seq, "abort")
+        return seq
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[StepUpdate]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        sampled = self.runner.run(batch)
+        for item in batch:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.cache_full_blocks(item.seq)
+        now = time.monotonic()
+        return [self.postprocess(seq, token, now) for seq, token in sampled.items()]
+
+    def postprocess(self, seq: Sequence, token: int, now: float) -> StepUpdate:
+        seq.append_token(token)
+        self.record_timing(seq, now)
+        detokenizer = self.detokenizers[seq.request_id]
+        reason = self.stop_reason(seq, token, detokenizer.add(token))
+        if reason:
+            self.scheduler.finish(seq, reason)
+            del self.sequences[seq.request_id], self.detokenizers[seq.request_id]
+        return StepUpdate(seq, [token], detokenizer.take_new_text(reason is not None), reason is not None)
+
+    def stop_reason(self, seq: Sequence, token: int, stop_string_seen: bool) -> str | None:
+        params = seq.params
+        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            return "stop"
+        if stop_string_seen:
+            return "stop"
+        if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def record_timing(self, seq: Sequence, now: float) -> None:
+        self.counters["generation_tokens"] += 1
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+            self.recent_ttft.append(now - seq.arrival_time)
+        else:
+            self.recent_itl.append(now - seq.last_token_time)
+        seq.last_token_time = now
+
+    def stats(self) -> EngineStats:
+        manager = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_blocks_total=manager.num_blocks,
+            kv_blocks_used=manager.num_blocks - manager.num_free_blocks,
+            prefix_cache_queries=manager.prefix_queries,
+            prefix_cache_hits=manager.prefix_hits,
+            prompt_tokens_total=self.counters["prompt_tokens"],
+            generation_tokens_total=self.counters["generation_tokens"],
+            num_preemptions=self.scheduler.num_preemptions,
+            ttft_seconds=list(self.recent_ttft),
+            itl_seconds=list(self.recent_itl),
+        )
+
+
+def eos_token_ids(model_dir, tokenizer) -> set[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    try:
+        configured = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    except OSError:
+        configured = None
+    if configured is not None:
+        ids |= set(configured) if isinstance(configured, list) else {configured}
+    return ids
+
+
+def kv_blocks_for_memory(config: EngineConfig, shape: ModelShape, dtype: torch.dtype) -> int:
+    per_block = ModelRunner.bytes_per_block(shape, config.block_size, dtype)
+    return max(1, int(config.kv_cache_memory_gb * 2**30) // per_block)

@@ -1,0 +1,121 @@
+"""The Llama family decoder: Llama, Qwen2 (q/k/v biases) and Qwen3 (q/k RMSNorm per head).
+
+Every token of a step goes through the layers as one flat batch of rows; only attention looks at which
+sequence a row belongs to, through AttentionMetadata.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.layers.attention import AttentionMetadata, KVGatherBuffer, paged_attention
+from engine.layers.norm import RMSNorm
+from engine.layers.rotary import RotaryEmbedding
+
+
+@dataclass
+class ModelShape:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf_config(cls, config) -> "ModelShape":
+        return cls(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+            rms_norm_eps=config.rms_norm_eps,
+            qkv_bias=config.model_type == "qwen2" or getattr(config, "attention_bias", False),
+            o_bias=config.model_type == "llama" and getattr(config, "attention_bias", False),
+            qk_norm=config.model_type == "qwen3",
+            tie_word_embeddings=getattr(config, "tie_word_embeddings", False),
+        )
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: ModelShape, rotary: RotaryEmbedding):
+        super().__init__()
+        self.shape = shape
+        self.q_size = shape.num_heads * shape.head_dim
+        self.kv_size = shape.num_kv_heads * shape.head_dim
+        self.qkv_proj = nn.Linear(shape.hidden_size, self.q_size + 2 * self.kv_size, bias=shape.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, shape.hidden_size, bias=shape.o_bias)
+        if shape.qk_norm:
+            self.q_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps)
+            self.k_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps)
+        self.rotary = rotary
+
+    def forward(self, positions, x, kv_cache, meta: AttentionMetadata, buffer: KVGatherBuffer):
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.shape.num_heads, self.shape.head_dim)
+        k = k.view(-1, self.shape.num_kv_heads, self.shape.head_dim)
+        v = v.view(-1, self.shape.num_kv_heads, self.shape.head_dim)
+        if self.shape.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = paged_attention(q, k, v, kv_cache, meta, buffer)
+        return self.o_proj(out.flatten(1))
+
+
+class MLP(nn.Module):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(shape.hidden_size, 2 * shape.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(shape.intermediate_size, shape.hidden_size, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, shape: ModelShape, rotary: RotaryEmbedding):
+        super().__init__()
+        self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.self_attn = Attention(shape, rotary)
+        self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.mlp = MLP(shape)
+
+    def forward(self, positions, x, kv_cache, meta, buffer):
+        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta, buffer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config, max_len: int):
+        super().__init__()
+        self.shape = shape = ModelShape.from_hf_config(config)
+        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
+        self.rotary = rotary = RotaryEmbedding(config, shape.head_dim, max_len)
+        self.layers = nn.ModuleList(DecoderLayer(shape, rotary) for _ in range(shape.num_layers))
+        self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
+        if shape.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.buffer = KVGatherBuffer()
+
+    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+        """Hidden states (tokens, hidden) after the final norm."""
+        x = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(positions, x, kv_cache, meta, self.buffer)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

@@ -1,0 +1,105 @@
+"""Continuous batching with chunked prefill, in vLLM v1's one rule: each step shares a token budget,
+first among running sequences (a decode needs one token, a prefill a chunk), then among waiting ones.
+
+When the block pool runs short, the lowest-priority running sequence is preempted by recompute: its
+blocks go back (keeping their prefix-cache hashes) and it waits at the front of the queue.
+"""
+
+from dataclasses import dataclass
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.short_first = config.scheduling_policy == "short_first"
+        self.block_manager = block_manager
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledSeq]:
+        budget = self.max_num_batched_tokens
+        scheduled, preempted = self.schedule_running(budget)
+        budget -= sum(item.num_new_tokens for item in scheduled)
+        if not preempted:
+            scheduled += self.schedule_waiting(budget)
+        return scheduled
+
+    def schedule_running(self, budget: int) -> tuple[list[ScheduledSeq], bool]:
+        scheduled: list[ScheduledSeq] = []
+        preempted = False
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            count = min(seq.num_uncomputed_tokens, budget)
+            while not self.block_manager.allocate_slots(seq, count):
+                victim = self.running.pop()
+                self.preempt(victim)
+                preempted = True
+                if victim is seq:
+                    return scheduled, preempted
+            scheduled.append(ScheduledSeq(seq, count))
+            budget -= count
+            index += 1
+        return scheduled, preempted
+
+    def schedule_waiting(self, budget: int) -> list[ScheduledSeq]:
+        scheduled: list[ScheduledSeq] = []
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.next_waiting()
+            self.block_manager.take_cached_prefix(seq)
+            count = min(seq.num_uncomputed_tokens, budget)
+            if not self.block_manager.allocate_slots(seq, count):
+                self.block_manager.free(seq)
+                seq.num_computed_tokens = 0
+                break
+            self.block_manager.record_prefix_lookup(seq)
+            self.waiting.remove(seq)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            scheduled.append(ScheduledSeq(seq, count))
+            budget -= count
+        return scheduled
+
+    def next_waiting(self) -> Sequence:
+        if not self.short_first:
+            return self.waiting[0]
+        # Least remaining work first; preempted sequences (already started) keep their place in front.
+        return min(self.waiting, key=lambda seq: (seq.num_cached_tokens < 0, remaining_work(seq)))
+
+    def preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = Status.WAITING
+        self.waiting.insert(0, seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+
+
+def remaining_work(seq: Sequence) -> int:
+    return seq.num_uncomputed_tokens + seq.params.max_tokens - len(seq.output_token_ids)

@@ -1,0 +1,67 @@
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+SYSTEM = (
+    "You are a patient support assistant for an online bookshop. Answer in one or two sentences, "
+    "be concrete, and never invent order numbers or prices that the customer did not give you."
+)
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Hi",
+    "Explain photosynthesis in two sentences for a ten year old who loves plants and gardens.",
+    "List three colors.",
+    "My order 4417 has not arrived after two weeks. What can I do?",
+    "Tell me a joke about cats.",
+    "Who wrote Hamlet, and roughly when was it written? Please also name two other plays by the same author.",
+    "Translate 'good morning' into Spanish.",
+    "Can I return a book that I already started reading?",
+]
+
+
+def chat_prompts(tokenizer) -> list[str]:
+    """Prompts of different lengths; the even ones share a long system prompt (prefix-cache hits)."""
+    prompts = []
+    for index, question in enumerate(QUESTIONS):
+        messages = [{"role": "user", "content": question}]
+        if index % 2 == 0:
+            messages.insert(0, {"role": "system", "content": SYSTEM})
+        prompts.append(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+    return prompts
+
+
+def reference_greedy(
+    model_dir, prompts: list[str], max_new_tokens: int, dtype=torch.float32
+) -> list[list[int]]:
+    """transformers' own greedy generation, one unpadded prompt at a time: the oracle."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    outputs = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        generated = model.generate(
+            ids, max_new_tokens=max_new_tokens, do_sample=False, attention_mask=torch.ones_like(ids)
+        )
+        outputs.append(generated[0, ids.shape[1] :].tolist())
+    return outputs
+
+
+@pytest.fixture(scope="session")
+def model_dirs(smollm2_dir, tiny_model_dirs):
+    return {"smollm2": smollm2_dir, **tiny_model_dirs}
+
+
+@pytest.fixture(scope="session")
+def oracle(model_dirs):
+    """Per model: (prompts, transformers' greedy tokens), computed once per test session."""
+    cache = {}
+
+    def get(name: str, max_new_tokens: int = 24):
+        if (name, max_new_tokens) not in cache:
+            tokenizer = AutoTokenizer.from_pretrained(model_dirs[name])
+            prompts = chat_prompts(tokenizer)
+            cache[name, max_new_tokens] = prompts, reference_greedy(model_dirs[name], prompts, max_new_tokens)
+        return cache[name, max_new_tokens]
+
+    return get

@@ -2,6 +2,7 @@
 prompt, a streamed reply saved as it grows, and finally usage, citations and metrics.  Engine-agnostic."""
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -222,7 +223,8 @@ class ChatService:
                 status = MessageStatus.aborted
         except asyncio.CancelledError:
             status, progress.finish_reason = MessageStatus.aborted, "abort"
-            await engine.abort(str(turn.reply_id))
+            with contextlib.suppress(ValueError):  # unknown id: the stream's own cleanup got there first
+                await engine.abort(str(turn.reply_id))
         except ValueError as caller_error:
             status, error = MessageStatus.error, caller_error
         except Exception:

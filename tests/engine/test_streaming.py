@@ -1,0 +1,111 @@
+"""The async streaming engine: deltas add up to the offline result, aborts stop, UTF-8 stays whole."""
+
+import asyncio
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from engine.detokenizer import Detokenizer
+
+CHINESE = "你好，世界！我们今天去公园散步吧。"
+
+
+@pytest.fixture(scope="module")
+def async_engine(smollm2_dir):
+    engine = AsyncEngine(EngineConfig(model=smollm2_dir, dtype="float32", num_kv_blocks=256))
+    yield engine
+    engine.shutdown()
+
+
+async def collect(engine, prompt, params, request_id):
+    deltas = [delta async for delta in engine.generate(prompt, params, request_id)]
+    return deltas
+
+
+def test_concurrent_streams_equal_offline_generation(async_engine, smollm2_dir):
+    tokenizer = async_engine.tokenizer
+    questions = ["What is the capital of France?", "Name a fruit.", "What is 3+4?"]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+        )
+        for q in questions
+    ]
+    params = SamplingParams(temperature=0, max_tokens=20)
+
+    async def run_all():
+        return await asyncio.gather(
+            *(collect(async_engine, p, params, f"s{i}") for i, p in enumerate(prompts))
+        )
+
+    streams = asyncio.run(run_all())
+    offline = LLM(str(smollm2_dir), dtype="float32", num_kv_blocks=256).generate(prompts, params)
+    for deltas, expected in zip(streams, offline, strict=True):
+        assert "".join(d.text for d in deltas) == expected.outputs[0].text
+        assert [t for d in deltas for t in d.token_ids] == expected.outputs[0].token_ids
+        assert deltas[-1].finish_reason == expected.outputs[0].finish_reason
+        assert all(d.finish_reason is None for d in deltas[:-1])
+        assert deltas[0].num_prompt_tokens == len(expected.prompt_token_ids)
+
+
+def test_abort_and_cancel_stop_a_stream(async_engine):
+    params = SamplingParams(temperature=0, max_tokens=500, ignore_eos=True)
+
+    async def scenario():
+        received = []
+        async for delta in async_engine.generate("Count to one thousand:", params, "to-abort"):
+            received.append(delta)
+            if len(received) == 3:
+                await async_engine.abort("to-abort")
+        with pytest.raises(ValueError, match="unknown request id"):
+            await async_engine.abort("to-abort")
+        stream = async_engine.generate("Count again:", params, "to-cancel")
+        await stream.__anext__()
+        await stream.aclose()  # a client that walks away
+        for _ in range(100):
+            if async_engine.stats().num_running == 0:
+                break
+            await asyncio.sleep(0.05)
+        return received
+
+    received = asyncio.run(scenario())
+    assert received[-1].finish_reason == "abort" and len(received) < 10
+    assert async_engine.stats().num_running == 0 and async_engine.stats().num_waiting == 0
+
+
+def test_bad_request_raises_before_streaming_and_engine_keeps_serving(async_engine):
+    async def scenario():
+        with pytest.raises(ValueError, match="prompt is empty"):
+            await collect(async_engine, "", SamplingParams(), "empty")
+        return await collect(async_engine, "Hello", SamplingParams(temperature=0, max_tokens=3), "after")
+
+    assert len(asyncio.run(scenario())) == 3
+    assert async_engine.is_healthy()
+
+
+def test_multibyte_text_streams_without_broken_characters(async_engine):
+    tokenizer = async_engine.tokenizer
+    token_ids = tokenizer.encode(CHINESE + " 😀 ok", add_special_tokens=False)
+    detokenizer = Detokenizer(tokenizer, tokenizer.encode("Say:", add_special_tokens=False), SamplingParams())
+    pieces = []
+    for token_id in token_ids:
+        detokenizer.add(token_id)
+        pieces.append(detokenizer.take_new_text(finished=False))
+    assert all("\ufffd" not in piece for piece in pieces)
+    assert "".join(pieces) == CHINESE + " 😀 ok"
+    assert sum(1 for piece in pieces if piece == "") > 0  # some tokens carried half a character
+
+
+def test_stop_string_is_never_half_streamed(async_engine):
+    tokenizer = async_engine.tokenizer
+    text = "The answer is forty-two. END of story"
+    detokenizer = Detokenizer(tokenizer, [1], SamplingParams(stop=["END of"]))
+    streamed = ""
+    for token_id in tokenizer.encode(text, add_special_tokens=False):
+        stopped = detokenizer.add(token_id)
+        streamed += detokenizer.take_new_text(finished=stopped)
+        if stopped:
+            break
+    assert streamed == "The answer is forty-two. "

@@ -24,8 +24,13 @@ def file_kind(name: str) -> str:
     return KINDS[suffix]
 
 
-def extract_text(name: str, data: bytes | str, max_bytes: int = MAX_FILE_BYTES) -> str:
-    kind = file_kind(name)
+def extract_text(
+    name: str, data: bytes | str, max_bytes: int = MAX_FILE_BYTES, kind: str | None = None
+) -> str:
+    """The file's text; `kind` (text, markdown, html, pdf) overrides what the name's suffix says."""
+    kind = kind or file_kind(name)
+    if kind not in KINDS.values():
+        raise IngestError(f"{name}: unknown kind {kind!r}; one of {', '.join(sorted(set(KINDS.values())))}")
     size = len(data.encode() if isinstance(data, str) else data)
     if size > max_bytes:
         raise IngestError(f"{name}: {size / 2**20:.1f} MiB is over the {max_bytes / 2**20:.0f} MiB limit")

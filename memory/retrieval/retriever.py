@@ -12,6 +12,7 @@ import zipfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
 from sqlalchemy import Engine, inspect
 
 from memory.retrieval import store
@@ -19,14 +20,20 @@ from memory.retrieval.collection_index import CollectionIndex
 from memory.retrieval.embeddings import Encoder
 from memory.retrieval.hybrid import Mode, rank
 from memory.retrieval.ingest import MAX_FILE_BYTES, IngestError, extract_text, file_kind
-from memory.retrieval.results import Document, Hit, Rejected, UploadResult
+from memory.retrieval.intent import Intent, classify
+from memory.retrieval.results import Context, Document, Hit, Rejected, UploadResult
 from memory.retrieval.segment import segment
+from memory.retrieval.strategy import STRATEGIES
 from memory.retrieval.tables import paragraphs
 from memory.retrieval.tokenize import tokenize
+from memory.retrieval.window import Candidate, Span, fill, grow, key_paragraphs, select
 
 log = logging.getLogger(__name__)
 
 MAX_K = 100
+WINDOW_CANDIDATES = 10  # hits a window may choose from
+SUMMARY_KEY_PARAGRAPHS = 12
+EXPANSION_TERMS = 5  # rarest terms of the latest turn added to a follow-up query
 SNAPSHOT_EVERY = 1000  # unsaved paragraph changes before a collection's snapshot is rewritten
 
 
@@ -49,13 +56,19 @@ class Retriever:
         self._lock = threading.RLock()  # guards the in-memory indexes; queries take it for milliseconds
 
     def add_document(
-        self, collection: str, name: str, data: bytes | str, max_bytes: int = MAX_FILE_BYTES
+        self,
+        collection: str,
+        name: str,
+        data: bytes | str,
+        kind: str | None = None,
+        max_bytes: int = MAX_FILE_BYTES,
     ) -> Document:
-        """Indexes one file (.txt, .md, .html, .pdf); raises IngestError (a ValueError) if it can't."""
+        """Indexes one file (.txt, .md, .html, .pdf, or `kind` for a name without that suffix);
+        raises IngestError (a ValueError) when it can't."""
         _check_collection(collection)
-        text = extract_text(name, data, max_bytes)
+        text = extract_text(name, data, max_bytes, kind)
         num_bytes = len(data.encode() if isinstance(data, str) else data)
-        return self._add(collection, name, file_kind(name), num_bytes, text)
+        return self._add(collection, name, kind or file_kind(name), num_bytes, text)
 
     def add_documents(self, collection: str, files: Iterable[tuple[str, bytes | str]]) -> UploadResult:
         """Indexes each (name, data); a file that can't be read is rejected with a reason, the rest go in."""
@@ -111,6 +124,50 @@ class Retriever:
         with self.engine.connect() as conn:
             rows = store.paragraph_rows(conn, [item.paragraph_id for item in scored])
         return [_hit(rows[item.paragraph_id], item) for item in scored if item.paragraph_id in rows]
+
+    def build_context(
+        self, query: str, collections: Sequence[str], recent_turns: Sequence[str], budget_tokens: int
+    ) -> Context:
+        """Classifies the query's intent and assembles its window: recent turns and passages from the
+        collections, never more than budget_tokens by the model's tokenizer.  recent_turns are rendered
+        turns ("user: ..."), oldest first."""
+        collections, _ = _check_search(query, collections, 1, Mode.HYBRID)
+        if budget_tokens < 1:
+            raise ValueError(f"budget_tokens must be positive, got {budget_tokens}")
+        recent_turns = list(recent_turns)
+        decision = classify(query, recent_turns)
+        strategy = STRATEGIES[decision.intent]
+        budget = max(1, int(budget_tokens * strategy.budget_share))
+        search_text = (
+            f"{recent_turns[-1]}\n{query}" if strategy.expand_with_last_turn and recent_turns else query
+        )
+        query_vector = None if decision.intent == Intent.SUMMARY else self.encoder.encode_query(search_text)
+        with self._lock, self.engine.connect() as conn:
+            indexes = {collection: self._collection(collection) for collection in collections}
+            if decision.intent == Intent.SUMMARY:
+                spans = self._overview_spans(conn, list(indexes.values()))
+            else:
+                terms = tokenize(query)
+                if strategy.expand_with_last_turn and recent_turns:
+                    terms += _rarest_terms(recent_turns[-1], list(indexes.values()), set(terms))
+                spans = self._hit_spans(conn, indexes, terms, query_vector, strategy.max_hits)
+            filled = fill(
+                recent_turns,
+                int(budget * strategy.turn_share),
+                spans,
+                budget,
+                self.count_tokens,
+                in_document_order=decision.intent == Intent.SUMMARY,
+            )
+        return Context(
+            intent=decision.intent.value,
+            intent_reason=decision.rule,
+            budget_tokens=budget,
+            num_tokens=filled.num_tokens,
+            turns=filled.turns,
+            passages=filled.passages,
+            text=filled.text,
+        )
 
     def close(self) -> None:
         """Writes the snapshots of collections changed since their last one, for a fast next start."""
@@ -168,6 +225,34 @@ class Retriever:
         if index.unsaved_changes >= max(SNAPSHOT_EVERY, len(index) // 10):
             index.save(self._snapshot_path(index.collection))
 
+    def _hit_spans(
+        self, conn, indexes: dict[str, CollectionIndex], terms, query_vector, max_hits
+    ) -> list[Span]:
+        scored = rank(list(indexes.values()), terms, query_vector, WINDOW_CANDIDATES)
+        rows = store.paragraph_rows(conn, [item.paragraph_id for item in scored])
+        candidates = [
+            Candidate(rows[item.paragraph_id], number, item.score, item.cosine)
+            for number, item in enumerate(scored, start=1)
+        ]
+        view = _QueryView(conn, indexes, query_vector)
+        return grow(select(candidates, max_hits), view, self.count_tokens)
+
+    def _overview_spans(self, conn, indexes: list[CollectionIndex]) -> list[Span]:
+        """Head and tail of the collections (oldest and newest paragraph), then key paragraphs."""
+        ids = np.concatenate([np.frombuffer(index.paragraph_ids, dtype=np.int64) for index in indexes])
+        live = np.concatenate([np.frombuffer(index.postings.live, dtype=np.uint8) for index in indexes]) == 1
+        if not live.any():
+            return []
+        ids, vectors = ids[live], np.concatenate([index.vectors for index in indexes])[live]
+        chosen = {int(ids.min()): "head", int(ids.max()): "tail"}
+        for paragraph_id in key_paragraphs(ids, vectors, SUMMARY_KEY_PARAGRAPHS):
+            chosen.setdefault(paragraph_id, "key")
+        rows = store.paragraph_rows(conn, chosen)
+        return [
+            Span([rows[paragraph_id]], Candidate(rows[paragraph_id], number, 0.0, 0.0), reason)
+            for number, (paragraph_id, reason) in enumerate(chosen.items(), start=1)
+        ]
+
     def _snapshot_path(self, collection: str) -> Path:
         return self.snapshot_dir / f"{hashlib.sha256(collection.encode()).hexdigest()[:32]}.npz"
 
@@ -206,3 +291,35 @@ def _hit(row: store.ParagraphRow, scored) -> Hit:
         bm25=scored.bm25,
         cosine=scored.cosine,
     )
+
+
+def _rarest_terms(text: str, indexes: list[CollectionIndex], exclude: set[str]) -> list[str]:
+    """The latest turn's most specific words: what a follow-up like "why is that?" is about."""
+    terms = set(tokenize(text)) - exclude
+    frequency = {term: sum(index.postings.frequency(term) for index in indexes) for term in terms}
+    return sorted((term for term in terms if frequency[term]), key=lambda term: (frequency[term], term))[
+        :EXPANSION_TERMS
+    ]
+
+
+class _QueryView:
+    """The documents around the hits, and how similar their paragraphs are to the query."""
+
+    def __init__(self, conn, indexes: dict[str, CollectionIndex], query_vector: np.ndarray):
+        self.conn, self.indexes, self.query_vector = conn, indexes, query_vector
+
+    def rows_at(self, document_id: int, positions) -> list[store.ParagraphRow]:
+        return store.document_rows(self.conn, document_id, positions)
+
+    def section_size(self, section_id: int) -> int:
+        return store.section_sizes(self.conn, [section_id]).get(section_id, 0)
+
+    def section_rows(self, section_id: int) -> list[store.ParagraphRow]:
+        return store.section_rows(self.conn, section_id)
+
+    def similarity(self, rows) -> list[float]:
+        similarities = []
+        for row in rows:
+            index = self.indexes[row.collection]
+            similarities.append(float(index.vectors[index.slot_of[row.id]] @ self.query_vector))
+        return similarities

@@ -160,7 +160,7 @@ def document_lengths(conn: Connection, document_ids: Iterable[int]) -> dict[int,
 
 def _count_by(conn: Connection, column, keys: Iterable[int]) -> dict[int, int]:
     query = select(column, func.count()).where(column.in_(sorted(set(keys)))).group_by(column)
-    return dict(conn.execute(query).tuples())
+    return {key: count for key, count in conn.execute(query)}
 
 
 def _select_rows(conn: Connection, condition) -> list[ParagraphRow]:

@@ -2,7 +2,7 @@ import importlib.resources
 import json
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, event
 from transformers import AutoTokenizer
 
 from memory.retrieval import Retriever
@@ -15,9 +15,14 @@ def count_tokens(smollm2_dir):
     return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
 
 
+def _foreign_keys_on(dbapi_connection, connection_record):
+    dbapi_connection.execute("PRAGMA foreign_keys=ON")  # as the chat service's engine does
+
+
 @pytest.fixture
 def database(tmp_path):
     engine = create_engine(f"sqlite:///{tmp_path / 'app.sqlite'}")
+    event.listen(engine, "connect", _foreign_keys_on)
     metadata.create_all(engine)
     yield engine
     engine.dispose()

@@ -11,10 +11,14 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 STARTUP_LOCK_ID = 72_657_613  # any constant, the same for every replica
 
 
+# Enough connections for every request thread (anyio's 40) and the turn flow's workers at once.
+POOL = {"pool_size": 5, "max_overflow": 45}
+
+
 def create_db_engine(url: str) -> Engine:
     if make_url(url).get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True)
-    engine = create_engine(url, connect_args={"timeout": 30})
+        return create_engine(url, pool_pre_ping=True, **POOL)
+    engine = create_engine(url, connect_args={"timeout": 30}, **POOL)
     event.listen(engine, "connect", _sqlite_pragmas)
     return engine
 

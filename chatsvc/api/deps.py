@@ -28,9 +28,13 @@ bearer = HTTPBearer(auto_error=False, description="an API key: Authorization: Be
 
 
 def current_user(
-    db: DbDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+    service: ServiceDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 ) -> User:
-    user = crud.user_by_api_key(db, credentials.credentials) if credentials else None
+    user = None
+    if credentials:
+        # A transaction of its own: a chat request must not hold a connection while its reply generates.
+        with service.sessions.begin() as db:
+            user = crud.user_by_api_key(db, credentials.credentials)
     if user is None:
         reason = "invalid API key" if credentials else "missing API key"
         raise HTTPException(

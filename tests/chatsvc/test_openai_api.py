@@ -3,6 +3,7 @@
 import contextlib
 import time
 
+import gradio_client
 import httpx
 import openai
 import pytest
@@ -245,3 +246,13 @@ def test_sources_travel_with_the_user_message_and_come_back_as_citations(server,
     assert [(c["n"], c["ref"]) for c in branch[1]["citations"]] == [(1, {"document_id": 7})]
     plain = client.chat.completions.create(model="any", messages=question, max_tokens=8, temperature=0)
     assert completion.usage.prompt_tokens > plain.usage.prompt_tokens + 10  # the source was in the prompt
+
+
+def test_the_chat_page_stores_its_chats_as_sessions(server):
+    page = gradio_client.Client(f"{server.url}/", verbose=False)
+    assert "Paris" in page.predict("What is the capital of France?", api_name="/respond")
+    page.predict("And of Germany?", api_name="/respond")  # the page remembers its session
+    found = rest(server, "GET", "/api/sessions", params={"q": "And of Germany?"}).json()["data"]
+    assert len(found) == 1 and found[0]["title"] == "What is the capital of France?"
+    branch = rest(server, "GET", f"/api/sessions/{found[0]['id']}").json()["messages"]
+    assert [m["role"] for m in branch] == ["user", "assistant", "user", "assistant"]

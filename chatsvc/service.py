@@ -135,17 +135,9 @@ class ChatService:
         self.busy_sessions.add(session.id)
         try:
             turn = await self._store_turn(session, path, content, engine.model_name, started)
+            prompt, sources = await self._prepare(turn, engine, session, path, content, params.max_tokens)
         except BaseException:
             self.busy_sessions.discard(session.id)
-            raise
-        try:
-            prompt, sources = await self._prompt(engine, session, path, content, params.max_tokens)
-        except BaseException as error:
-            self.busy_sessions.discard(session.id)
-            failure = str(error) if isinstance(error, ValueError) else "preparing the prompt failed"
-            await asyncio.shield(
-                self._in_db(crud.finish_reply, turn.reply_id, status=MessageStatus.error, error=failure)
-            )
             raise
         turn.task = asyncio.create_task(self._generate(turn, engine, prompt, params, sources))
         return turn
@@ -174,24 +166,34 @@ class ChatService:
 
         return await self._in_db(store)
 
-    async def _prompt(
+    async def _prepare(
         self,
+        turn: Turn,
         engine: EngineClient,
         session: ChatSession,
         path: list[Message],
         content: str | None,
         max_tokens: int,
     ) -> tuple[str, list[dict]]:
-        """This turn's sources (fetched for a new message, reused when regenerating) and its prompt."""
+        """This turn's prompt and sources (fetched for a new message, reused when regenerating).
+        If that fails, the stored reply says why."""
         user_message = path[-1]
-        if content is not None:
-            user_message.context = numbered(await self.context.build_context(content, session)) or None
-            if user_message.context:
-                await self._in_db(crud.set_context, user_message.id, user_message.context)
-        limit = engine.max_model_len - max_tokens
-        prompt = await asyncio.to_thread(
-            prompts.fit_prompt, engine.tokenizer, session.system_prompt, path, limit
-        )
+        try:
+            if content is not None:
+                user_message.context = numbered(await self.context.build_context(content, session)) or None
+                if user_message.context:
+                    await self._in_db(crud.set_context, user_message.id, user_message.context)
+            limit = engine.max_model_len - max_tokens
+            prompt = await asyncio.to_thread(
+                prompts.fit_prompt, engine.tokenizer, session.system_prompt, path, limit
+            )
+        except BaseException as error:
+            failure = str(error) if isinstance(error, ValueError) else "preparing the prompt failed"
+            reply_failed = self._in_db(
+                crud.finish_reply, turn.reply_id, status=MessageStatus.error, error=failure
+            )
+            await asyncio.shield(reply_failed)
+            raise
         return prompt, user_message.context or []
 
     def _sampling_params(self, session: ChatSession, options: TurnOptions) -> SamplingParams:

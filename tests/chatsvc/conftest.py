@@ -116,7 +116,9 @@ class LiveServer:
 
         self.app = build_app(settings)
         self.url = f"http://127.0.0.1:{settings.port}"
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=settings.port, log_level="warning")
+        config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=settings.port, log_level="warning", timeout_graceful_shutdown=2
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

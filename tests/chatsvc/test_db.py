@@ -23,7 +23,7 @@ def database(db_url):
     engine.dispose()
 
 
-def test_migrations_upgrade_downgrade_one_step_and_upgrade_again(db_url):
+def test_migrations_upgrade_downgrade_and_upgrade_again(db_url):
     engine = create_db_engine(db_url)
     migrate(engine)
     assert set(inspect(engine).get_table_names()) >= CHAT_TABLES
@@ -31,6 +31,10 @@ def test_migrations_upgrade_downgrade_one_step_and_upgrade_again(db_url):
         heads = MigrationContext.configure(connection).get_current_heads()
         command.downgrade(alembic_config(connection), "-1")
         assert MigrationContext.configure(connection).get_current_heads() != heads
+    migrate(engine)
+    with engine.begin() as connection:  # and all the way down, and up again
+        command.downgrade(alembic_config(connection), "base")
+    assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
     migrate(engine)
     assert set(inspect(engine).get_table_names()) >= CHAT_TABLES
     with engine.connect() as connection:

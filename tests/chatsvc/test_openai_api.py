@@ -164,6 +164,11 @@ BAD_REQUESTS = {
     "negative max_tokens": ({"messages": FRANCE, "max_tokens": -5}, 422, "max_tokens"),
     "history with a session": ({"messages": FRANCE * 2, "session_id": "0" * 32}, 400, "only the new"),
     "no user message last": ({"messages": [{"role": "assistant", "content": "hi"}]}, 400, "last message"),
+    "too long for the model": (
+        {"messages": [{"role": "user", "content": "word " * 20_000}]},
+        400,
+        "too long",
+    ),
 }
 
 

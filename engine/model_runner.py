@@ -2,8 +2,9 @@
 
 import torch
 
+from engine.kernels import cpu_kernels
 from engine.layers.attention import AttentionMetadata, PrefillChunk
-from engine.models.decoder import CausalLM
+from engine.models.decoder import CausalLM, ModelShape
 from engine.sampler import sample
 from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence
@@ -16,15 +17,17 @@ class ModelRunner:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         shape = model.shape
-        # (layers, keys/values, blocks, block_size, kv_heads, head_dim): each layer's slice is contiguous.
+        # (layers, keys/values, blocks, kv_heads, block_size * head_dim); see layers/attention.py.
         self.kv_cache = torch.zeros(
-            shape.num_layers, 2, num_blocks, block_size, shape.num_kv_heads, shape.head_dim,
+            shape.num_layers, 2, num_blocks, shape.num_kv_heads, block_size * shape.head_dim,
             dtype=self.dtype, device=self.device,
         )  # fmt: skip
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        if self.device.type == "cpu" and kernels_fit(shape, block_size):
+            model.kernels = cpu_kernels()
 
     @staticmethod
-    def bytes_per_block(model_shape, block_size: int, dtype: torch.dtype) -> int:
+    def bytes_per_block(model_shape: ModelShape, block_size: int, dtype: torch.dtype) -> int:
         per_token = 2 * model_shape.num_layers * model_shape.num_kv_heads * model_shape.head_dim
         return per_token * block_size * dtype.itemsize
 
@@ -48,7 +51,7 @@ class ModelRunner:
         ids: list[int] = [seq.token_ids[seq.num_computed_tokens] for seq in decodes]
         position_parts = [torch.tensor([seq.num_computed_tokens for seq in decodes], dtype=torch.long)]
         slot_parts = []
-        meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decode_tokens=len(decodes))
+        meta = AttentionMetadata(torch.empty(0), torch.empty(0), num_decode_tokens=len(decodes))
         if decodes:
             slot_parts.append(self.prepare_decodes(decodes, position_parts[0], meta))
         start = len(decodes)
@@ -66,7 +69,8 @@ class ModelRunner:
             meta.prefills.append(PrefillChunk(start, start + count, block_table.to(self.device),
                                               mask.to(self.device)))  # fmt: skip
             start += count
-        meta.slot_mapping = torch.cat(slot_parts).to(self.device)
+        slots = torch.cat(slot_parts).to(self.device)
+        meta.slot_blocks, meta.slot_offsets = slots // self.block_size, slots % self.block_size
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         return input_ids, torch.cat(position_parts).to(self.device), meta
 
@@ -75,10 +79,14 @@ class ModelRunner:
         tables = torch.tensor([seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs])
         rows = torch.arange(len(seqs))
         slots = tables[rows, positions // self.block_size] * self.block_size + positions % self.block_size
-        context = torch.arange(width * self.block_size)
         meta.decode_block_tables = tables.to(self.device)
-        meta.decode_mask = (context[None, :] <= positions[:, None])[:, None, None, :].to(self.device)
+        meta.decode_context_lens = (positions + 1).to(self.device)
         return slots
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+
+def kernels_fit(shape: ModelShape, block_size: int) -> bool:
+    group = shape.num_heads // shape.num_kv_heads
+    return block_size == 16 and shape.head_dim % 32 == 0 and group <= 8

@@ -2,7 +2,11 @@
 
 New keys and values are written to their slots first; then every query reads its sequence's keys and
 values through the sequence's block table.  Single-token queries (decodes) of all sequences go through
-one batched call; each multi-token prefill chunk gets its own call, which is large enough to amortise it.
+one batched call: our C++ kernel on the CPU, which reads the blocks in place, or gathered blocks and
+torch's SDPA elsewhere.  Each multi-token prefill chunk gets its own SDPA call, large enough to amortise.
+
+Layout of one layer's cache, (2, blocks, kv_heads, block_size * head_dim): keys are stored transposed
+per block, (head_dim, block_size), values as (block_size, head_dim); see kernels/paged_attention_cpu.cpp.
 """
 
 from dataclasses import dataclass, field
@@ -21,81 +25,70 @@ class PrefillChunk:
 
 @dataclass
 class AttentionMetadata:
-    slot_mapping: torch.Tensor  # (tokens,) cache slot of each new token: block_id * block_size + offset
+    slot_blocks: torch.Tensor  # (tokens,) block of each new token's KV
+    slot_offsets: torch.Tensor  # (tokens,) its offset inside the block
     num_decode_tokens: int = 0  # the first rows of the batch are single-token queries
     decode_block_tables: torch.Tensor | None = None  # (decodes, max_blocks), padded with block 0
-    decode_mask: torch.Tensor | None = None  # (decodes, 1, 1, max_blocks * block_size): padding masked out
+    decode_context_lens: torch.Tensor | None = None  # (decodes,)
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
-class KVGatherBuffer:
-    """Reused scratch memory for gathered keys and values: fresh large tensors cost page faults on CPU."""
-
-    def __init__(self):
-        self.storage = torch.empty(0)
-
-    def take(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        size = 2 * torch.Size(shape).numel()
-        if (
-            self.storage.numel() < size
-            or self.storage.dtype != like.dtype
-            or self.storage.device != like.device
-        ):
-            self.storage = torch.empty(size, dtype=like.dtype, device=like.device)
-        return self.storage[:size].view(2, *shape)
+def split_layer_cache(layer_cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keys (blocks, kv_heads, head_dim, block_size), values (blocks, kv_heads, block_size, head_dim))."""
+    blocks, kv_heads, width = layer_cache.shape[1:]
+    block_size = width // head_dim
+    keys = layer_cache[0].view(blocks, kv_heads, head_dim, block_size)
+    values = layer_cache[1].view(blocks, kv_heads, block_size, head_dim)
+    return keys, values
 
 
-def paged_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    kv_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    buffer: KVGatherBuffer,
-) -> torch.Tensor:
+def paged_attention(q, k, v, layer_cache: torch.Tensor, meta: AttentionMetadata, kernels) -> torch.Tensor:
     # q: (tokens, heads, head_dim); k, v: (tokens, kv_heads, head_dim)
-    # kv_cache: (2, num_blocks, block_size, kv_heads, head_dim)
-    flat_cache = kv_cache.view(2, -1, *kv_cache.shape[-2:])
-    flat_cache[0].index_copy_(0, meta.slot_mapping, k)
-    flat_cache[1].index_copy_(0, meta.slot_mapping, v)
+    key_cache, value_cache = split_layer_cache(layer_cache, q.shape[-1])
+    key_cache[meta.slot_blocks, :, :, meta.slot_offsets] = k
+    value_cache[meta.slot_blocks, :, meta.slot_offsets, :] = v
     out = torch.empty_like(q)
     decodes = meta.num_decode_tokens
     if decodes:
-        out[:decodes] = decode_attention(q[:decodes], kv_cache, meta, buffer)
+        attend = kernel_decode_attention if kernels is not None else torch_decode_attention
+        out[:decodes] = attend(q[:decodes], key_cache, value_cache, meta, kernels)
     for chunk in meta.prefills:
-        out[chunk.start : chunk.end] = prefill_attention(q[chunk.start : chunk.end], kv_cache, chunk, buffer)
+        out[chunk.start : chunk.end] = prefill_attention(
+            q[chunk.start : chunk.end], key_cache, value_cache, chunk
+        )
     return out
 
 
-def gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor, buffer: KVGatherBuffer) -> torch.Tensor:
-    """(2, len(block_ids) * block_size, kv_heads, head_dim) of the given blocks, in order."""
-    _, num_blocks, block_size, kv_heads, head_dim = kv_cache.shape
-    gathered = buffer.take((block_ids.numel(), block_size * kv_heads * head_dim), kv_cache)
-    rows = kv_cache.view(2, num_blocks, -1)
-    torch.index_select(rows[0], 0, block_ids, out=gathered[0])
-    torch.index_select(rows[1], 0, block_ids, out=gathered[1])
-    return gathered.view(2, -1, kv_heads, head_dim)
+def gather_context(key_cache, value_cache, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of the given blocks in token order: (..., kv_heads, tokens, head_dim)."""
+    keys = key_cache[block_ids].transpose(-1, -2).transpose(-3, -4)  # (..., kv_heads, blocks, bs, head_dim)
+    values = value_cache[block_ids].transpose(-3, -4)
+    return keys.flatten(-3, -2), values.flatten(-3, -2)
 
 
-def decode_attention(q, kv_cache, meta: AttentionMetadata, buffer: KVGatherBuffer) -> torch.Tensor:
+def kernel_decode_attention(q, key_cache, value_cache, meta: AttentionMetadata, kernels) -> torch.Tensor:
+    tables, lens = meta.decode_block_tables, meta.decode_context_lens
+    max_context = tables.shape[1] * key_cache.shape[-1]
+    scores = kernels.paged_qk(q, key_cache, tables, lens, max_context, q.shape[-1] ** -0.5)
+    return kernels.paged_pv(scores.softmax(dim=-1), value_cache, tables, lens)
+
+
+def torch_decode_attention(q, key_cache, value_cache, meta: AttentionMetadata, kernels=None) -> torch.Tensor:
     decodes, heads, head_dim = q.shape
-    kv_heads = kv_cache.shape[-2]
-    keys, values = gather_blocks(kv_cache, meta.decode_block_tables.flatten(), buffer)
-    keys = keys.view(decodes, -1, kv_heads, head_dim).transpose(
-        1, 2
-    )  # (decodes, kv_heads, context, head_dim)
-    values = values.view(decodes, -1, kv_heads, head_dim).transpose(1, 2)
+    keys, values = gather_context(key_cache, value_cache, meta.decode_block_tables)
+    kv_heads = keys.shape[1]
+    positions = torch.arange(keys.shape[2], device=q.device)
+    mask = (positions[None, :] < meta.decode_context_lens[:, None])[:, None, None, :]
     # The query heads that share a KV head ride along as extra query rows: no KV copy for GQA.
     grouped = q.view(decodes, kv_heads, heads // kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=meta.decode_mask)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask)
     return out.reshape(decodes, heads, head_dim)
 
 
-def prefill_attention(q, kv_cache, chunk: PrefillChunk, buffer: KVGatherBuffer) -> torch.Tensor:
+def prefill_attention(q, key_cache, value_cache, chunk: PrefillChunk) -> torch.Tensor:
     context = chunk.mask.shape[1]
-    keys, values = gather_blocks(kv_cache, chunk.block_ids, buffer)
-    keys = keys[:context].transpose(0, 1).unsqueeze(0)  # (1, kv_heads, context, head_dim)
-    values = values[:context].transpose(0, 1).unsqueeze(0)
+    keys, values = gather_context(key_cache, value_cache, chunk.block_ids)
+    keys, values = keys[:, :context].unsqueeze(0), values[:, :context].unsqueeze(0)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=chunk.mask, enable_gqa=True
     )

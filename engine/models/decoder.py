@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers.attention import AttentionMetadata, KVGatherBuffer, paged_attention
+from engine.layers.attention import AttentionMetadata, paged_attention
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 
@@ -61,7 +61,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps)
         self.rotary = rotary
 
-    def forward(self, positions, x, kv_cache, meta: AttentionMetadata, buffer: KVGatherBuffer):
+    def forward(self, positions, x, kv_cache, meta: AttentionMetadata, kernels):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.shape.num_heads, self.shape.head_dim)
         k = k.view(-1, self.shape.num_kv_heads, self.shape.head_dim)
@@ -69,7 +69,7 @@ class Attention(nn.Module):
         if self.shape.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
-        out = paged_attention(q, k, v, kv_cache, meta, buffer)
+        out = paged_attention(q, k, v, kv_cache, meta, kernels)
         return self.o_proj(out.flatten(1))
 
 
@@ -92,8 +92,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.mlp = MLP(shape)
 
-    def forward(self, positions, x, kv_cache, meta, buffer):
-        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta, buffer)
+    def forward(self, positions, x, kv_cache, meta, kernels):
+        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta, kernels)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -108,13 +108,13 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
         if shape.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.buffer = KVGatherBuffer()
+        self.kernels = None  # the C++ decode attention, where the device and shapes allow it
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states (tokens, hidden) after the final norm."""
         x = self.embed_tokens(input_ids)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(positions, x, kv_cache, meta, self.buffer)
+            x = layer(positions, x, kv_cache, meta, self.kernels)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

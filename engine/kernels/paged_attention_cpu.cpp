@@ -1,0 +1,198 @@
+// Decode attention straight from the paged KV cache, for the CPU.
+//
+// The torch path gathers every sequence's blocks into a padded copy before attending; at decode time
+// that copy costs more than the attention itself.  These two kernels read keys and values in place,
+// through the block tables, and leave the softmax between them to torch.
+//
+// A block holds its keys transposed, (kv_heads, head_dim, 16 tokens), so q.k runs along the block's
+// tokens in vector lanes with no horizontal sums, and its values as (kv_heads, 16 tokens, head_dim), so
+// p.v runs along head_dim.  The query heads sharing a KV head (GROUP) are a compile-time constant so
+// their accumulators stay in registers.  Vectors are GCC/Clang vector extensions, not intrinsics.
+//
+// q (seqs, heads, head_dim); block_tables (seqs, max_blocks) int64; context_lens (seqs,) int64;
+// scores / probs (seqs, heads, max_context) float32; out (seqs, heads, head_dim).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cstring>
+
+namespace {
+
+constexpr int64_t kBlock = 16;  // tokens per block the kernels are built for
+constexpr int64_t kLanes = 8;   // floats per vector: one AVX2 register (wider types compile to poor code)
+constexpr int64_t kVectors = kBlock / kLanes;
+constexpr int64_t kDimChunk = 32;  // head_dim elements one p.v pass accumulates in registers
+
+// GCC/Clang vector extensions: portable SIMD that compiles to AVX2 here and to NEON on ARM.
+typedef float vfloat __attribute__((vector_size(kLanes * sizeof(float))));
+
+typedef uint16_t vhalfword __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+typedef uint32_t vword __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+
+// Loads straight into a vector: a copy through a scalar array would stall on store forwarding.
+template <typename T>
+inline vfloat load_lanes(const T* source) {
+  float values[kLanes];
+  for (int64_t i = 0; i < kLanes; ++i) values[i] = static_cast<float>(source[i]);
+  vfloat v;
+  std::memcpy(&v, values, sizeof(v));
+  return v;
+}
+
+template <>
+inline vfloat load_lanes<float>(const float* source) {
+  vfloat v;
+  std::memcpy(&v, source, sizeof(v));
+  return v;
+}
+
+template <>
+inline vfloat load_lanes<c10::BFloat16>(const c10::BFloat16* source) {
+  vhalfword bits;
+  std::memcpy(&bits, source, sizeof(bits));
+  const vword widened = __builtin_convertvector(bits, vword) << 16;  // bf16 is a float's top half
+  vfloat v;
+  std::memcpy(&v, &widened, sizeof(v));
+  return v;
+}
+
+inline void store_lanes(float* target, const vfloat (&block)[kVectors], int64_t count) {
+  float values[kBlock];
+  std::memcpy(values, block, sizeof(values));
+  std::copy_n(values, count, target);
+}
+
+struct Shape {
+  int64_t seqs, heads, head_dim, kv_heads, max_context, max_blocks;
+};
+
+template <typename T, int GROUP>
+void qk(const Shape s, const T* q, const T* k_cache, const int64_t* tables, const int64_t* lens, float scale,
+        float* scores) {
+  at::parallel_for(0, s.seqs * s.kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> query(GROUP * s.head_dim);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t seq = item / s.kv_heads, kv_head = item % s.kv_heads;
+      const T* q_row = q + (seq * s.heads + kv_head * GROUP) * s.head_dim;
+      for (int64_t i = 0; i < GROUP * s.head_dim; ++i) query[i] = static_cast<float>(q_row[i]) * scale;
+      float* out = scores + (seq * s.heads + kv_head * GROUP) * s.max_context;
+      for (int64_t first = 0, b = 0; first < lens[seq]; first += kBlock, ++b) {
+        const T* keys = k_cache + (tables[seq * s.max_blocks + b] * s.kv_heads + kv_head) * s.head_dim * kBlock;
+        vfloat acc[GROUP][kVectors] = {};
+        for (int64_t d = 0; d < s.head_dim; ++d) {
+          vfloat row[kVectors];
+          for (int v = 0; v < kVectors; ++v) row[v] = load_lanes(keys + d * kBlock + v * kLanes);
+          for (int g = 0; g < GROUP; ++g) {
+            const float x = query[g * s.head_dim + d];
+            for (int v = 0; v < kVectors; ++v) acc[g][v] += x * row[v];
+          }
+        }
+        const int64_t count = std::min(kBlock, lens[seq] - first);
+        for (int g = 0; g < GROUP; ++g) store_lanes(out + g * s.max_context + first, acc[g], count);
+      }
+    }
+  });
+}
+
+template <typename T, int GROUP>
+void pv(const Shape s, const float* probs, const T* v_cache, const int64_t* tables, const int64_t* lens,
+        T* out) {
+  at::parallel_for(0, s.seqs * s.kv_heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t seq = item / s.kv_heads, kv_head = item % s.kv_heads;
+      const float* p = probs + (seq * s.heads + kv_head * GROUP) * s.max_context;
+      T* o = out + (seq * s.heads + kv_head * GROUP) * s.head_dim;
+      for (int64_t d0 = 0; d0 < s.head_dim; d0 += kDimChunk) {
+        constexpr int kChunkVectors = kDimChunk / kLanes;
+        vfloat acc[GROUP][kChunkVectors] = {};
+        for (int64_t first = 0, b = 0; first < lens[seq]; first += kBlock, ++b) {
+          const T* values =
+              v_cache + (tables[seq * s.max_blocks + b] * s.kv_heads + kv_head) * kBlock * s.head_dim + d0;
+          const int64_t count = std::min(kBlock, lens[seq] - first);
+          for (int64_t t = 0; t < count; ++t) {
+            vfloat row[kChunkVectors];
+            for (int v = 0; v < kChunkVectors; ++v) row[v] = load_lanes(values + t * s.head_dim + v * kLanes);
+            for (int g = 0; g < GROUP; ++g) {
+              const float weight = p[g * s.max_context + first + t];
+              for (int v = 0; v < kChunkVectors; ++v) acc[g][v] += weight * row[v];
+            }
+          }
+        }
+        for (int g = 0; g < GROUP; ++g) {
+          float values[kDimChunk];
+          std::memcpy(values, acc[g], sizeof(values));
+          for (int64_t d = 0; d < kDimChunk; ++d) o[g * s.head_dim + d0 + d] = static_cast<T>(values[d]);
+        }
+      }
+    }
+  });
+}
+
+Shape shape_of(const torch::Tensor& q_or_out, int64_t kv_heads, int64_t max_context,
+               const torch::Tensor& block_tables) {
+  return {q_or_out.size(0), q_or_out.size(1), q_or_out.size(2), kv_heads, max_context, block_tables.size(1)};
+}
+
+void check(const torch::Tensor& cache, const torch::Tensor& block_tables, const torch::Tensor& context_lens,
+           int64_t heads) {
+  TORCH_CHECK(cache.is_contiguous() && cache.dim() == 4, "cache must be a contiguous 4-d tensor");
+  TORCH_CHECK(cache.size(2) == kBlock || cache.size(3) == kBlock, "the kernels need blocks of 16 tokens");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kLong && block_tables.is_contiguous(), "block_tables: int64");
+  TORCH_CHECK(context_lens.scalar_type() == torch::kLong && context_lens.is_contiguous(), "context_lens: int64");
+  TORCH_CHECK((cache.size(2) * cache.size(3)) % (kBlock * kDimChunk) == 0, "head_dim must be a multiple of 32");
+  TORCH_CHECK(heads % cache.size(1) == 0 && heads / cache.size(1) <= 8, "1 to 8 query heads per KV head");
+}
+
+// Calls fn with the group size as a compile-time constant.
+template <typename Fn>
+void with_group(int64_t group, Fn fn) {
+  switch (group) {
+    case 1: fn(std::integral_constant<int, 1>{}); break;
+    case 2: fn(std::integral_constant<int, 2>{}); break;
+    case 3: fn(std::integral_constant<int, 3>{}); break;
+    case 4: fn(std::integral_constant<int, 4>{}); break;
+    case 5: fn(std::integral_constant<int, 5>{}); break;
+    case 6: fn(std::integral_constant<int, 6>{}); break;
+    case 7: fn(std::integral_constant<int, 7>{}); break;
+    default: fn(std::integral_constant<int, 8>{}); break;
+  }
+}
+
+torch::Tensor paged_qk(torch::Tensor q, torch::Tensor k_cache, torch::Tensor block_tables,
+                       torch::Tensor context_lens, int64_t max_context, double scale) {
+  check(k_cache, block_tables, context_lens, q.size(1));
+  q = q.contiguous();
+  auto scores = torch::full({q.size(0), q.size(1), max_context}, -INFINITY, q.options().dtype(torch::kFloat));
+  const Shape s = shape_of(q, k_cache.size(1), max_context, block_tables);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_qk", [&] {
+    with_group(s.heads / s.kv_heads, [&](auto group) {
+      qk<scalar_t, decltype(group)::value>(s, q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
+                                           block_tables.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
+                                           static_cast<float>(scale), scores.data_ptr<float>());
+    });
+  });
+  return scores;
+}
+
+torch::Tensor paged_pv(torch::Tensor probs, torch::Tensor v_cache, torch::Tensor block_tables,
+                       torch::Tensor context_lens) {
+  check(v_cache, block_tables, context_lens, probs.size(1));
+  probs = probs.contiguous();
+  auto out = torch::empty({probs.size(0), probs.size(1), v_cache.size(3)}, v_cache.options());
+  const Shape s = shape_of(out, v_cache.size(1), probs.size(2), block_tables);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, v_cache.scalar_type(), "paged_pv", [&] {
+    with_group(s.heads / s.kv_heads, [&](auto group) {
+      pv<scalar_t, decltype(group)::value>(s, probs.data_ptr<float>(), v_cache.data_ptr<scalar_t>(),
+                                           block_tables.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
+                                           out.data_ptr<scalar_t>());
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_qk", &paged_qk, "scaled q.k over the paged cache, -inf past each context");
+  m.def("paged_pv", &paged_pv, "probabilities times values over the paged cache");
+}

@@ -4,8 +4,8 @@ import logging
 import threading
 
 from chatsvc.errors import EngineUnavailable
-from chatsvc.interim_engine import InterimEngine
 from chatsvc.settings import Settings
+from engine.async_engine import AsyncEngine
 from engine.model_files import check_model_dir
 from engine.protocol import EngineClient, EngineStats
 
@@ -14,8 +14,8 @@ LOADING_RETRY_AFTER_S = 10
 
 
 def build_engine(settings: Settings) -> EngineClient:
-    """The one place that constructs the engine: the native engine replaces the interim one here."""
-    return InterimEngine(settings.model_path())
+    """The one place that constructs the engine."""
+    return AsyncEngine(settings.engine_config())
 
 
 class EngineLoader:

@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engine.config import EngineConfig
 from engine.default_model import DEFAULT_CACHE_DIR, default_model_dir
 
 
@@ -23,6 +24,16 @@ class Settings(BaseSettings):
     )
     device: str = Field(
         "auto", description="torch device: auto (cuda when present, else cpu), cpu, cuda, cuda:1"
+    )
+    kv_cache_gb: float = Field(2.0, gt=0, description="memory for the engine's KV block pool, in GiB")
+    max_model_len: int | None = Field(None, ge=16, description="longest sequence; default = the model's")
+    max_num_seqs: int = Field(64, ge=1, description="sequences the engine runs in one batch at most")
+    max_num_batched_tokens: int = Field(
+        512, ge=1, description="tokens per engine step, shared by decodes and prefill chunks"
+    )
+    enable_prefix_caching: bool = Field(True, description="reuse KV of identical prompt prefixes")
+    scheduling_policy: Literal["fcfs", "short_first"] = Field(
+        "fcfs", description="order of waiting requests: first come first served, or shortest first"
     )
     data_dir: Path = Field(Path("~/.local/share/kvchat"), description="database, session KV files, indexes")
     db_url: str = Field("", description="SQLAlchemy URL; empty = SQLite file under the data dir")
@@ -49,6 +60,19 @@ class Settings(BaseSettings):
 
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{self.data_path() / 'kvchat.db'}"
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            model=self.model_path(),
+            dtype=self.dtype,
+            device=self.device,
+            max_model_len=self.max_model_len,
+            kv_cache_memory_gb=self.kv_cache_gb,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            enable_prefix_caching=self.enable_prefix_caching,
+            scheduling_policy=self.scheduling_policy,
+        )
 
 
 def settings_from_cli(args: list[str] | None = None) -> Settings:

@@ -53,7 +53,11 @@ class AsyncEngine:
             self.engine.add_request(request_id, prompt, params, session_id)
             self.streams[request_id] = (loop, deltas)
 
-        await self.call(add)
+        try:
+            await self.call(add)
+        except asyncio.CancelledError:  # the caller left while the request was being added
+            self.submit(lambda: self.abort_now(request_id, missing_ok=True))
+            raise
         finished = False
         try:
             while not finished:
@@ -92,10 +96,12 @@ class AsyncEngine:
         done: concurrent.futures.Future = concurrent.futures.Future()
 
         def run() -> None:
+            if not done.set_running_or_notify_cancel():
+                return  # the caller is gone
             try:
                 command()
                 done.set_result(None)
-            except BaseException as error:
+            except Exception as error:
                 done.set_exception(error)
 
         self.submit(run)
@@ -128,7 +134,10 @@ class AsyncEngine:
                 command = self.commands.get_nowait()
             except queue.Empty:
                 return
-            command()
+            try:
+                command()
+            except Exception:  # a bad command fails alone; only a failed step stops the engine
+                log.exception("engine command failed")
 
     def publish(self, update: StepUpdate) -> None:
         seq = update.seq

@@ -53,7 +53,11 @@ def test_a_plain_completion_starts_a_stored_session(server, client):
     usage = completion.usage
     assert usage.prompt_tokens > 10 and 0 < usage.completion_tokens <= 12
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
-    assert usage.prompt_tokens_details.cached_tokens == 0  # the interim engine reuses no KV
+    assert 0 <= usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens
+    again = client.chat.completions.create(model="any", messages=FRANCE, max_tokens=12, temperature=0)
+    assert again.choices[0].message.content == reply
+    # The same prompt again: every full block of it comes from the prefix cache.
+    assert again.usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - 16
     stored = rest(server, "GET", f"/api/sessions/{completion.session_id}").json()
     assert stored["title"] == "What is the capital of France?"
     assert [(m["role"], m["content"], m["status"]) for m in stored["messages"]] == [

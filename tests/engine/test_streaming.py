@@ -109,3 +109,25 @@ def test_stop_string_is_never_half_streamed(async_engine):
         if stopped:
             break
     assert streamed == "The answer is forty-two. "
+
+
+def test_callers_cancelled_while_adding_leave_the_engine_healthy(async_engine):
+    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+
+    async def scenario():
+        tasks = [asyncio.create_task(collect(async_engine, "Hi", params, f"c{i}")) for i in range(8)]
+        await asyncio.sleep(0)  # let them start adding, then walk away
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for _ in range(100):
+            if async_engine.stats().num_running + async_engine.stats().num_waiting == 0:
+                break
+            await asyncio.sleep(0.05)
+        return await collect(
+            async_engine, "Hello", SamplingParams(temperature=0, max_tokens=3), "after-cancel"
+        )
+
+    assert len(asyncio.run(scenario())) == 3
+    assert async_engine.is_healthy()
+    assert async_engine.stats().num_running == 0

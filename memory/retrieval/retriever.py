@@ -31,6 +31,7 @@ from memory.retrieval.window import Candidate, Span, fill, grow, key_paragraphs,
 log = logging.getLogger(__name__)
 
 MAX_K = 100
+MAX_NAME_LENGTH = 512  # the column's length
 WINDOW_CANDIDATES = 10  # hits a window may choose from
 SUMMARY_KEY_PARAGRAPHS = 12
 EXPANSION_TERMS = 5  # rarest terms of the latest turn added to a follow-up query
@@ -177,6 +178,8 @@ class Retriever:
                     index.save(self._snapshot_path(collection))
 
     def _add(self, collection: str, name: str, kind: str, num_bytes: int, text: str) -> Document:
+        if not name.strip() or len(name) > MAX_NAME_LENGTH:
+            raise IngestError(f"a document name is 1 to {MAX_NAME_LENGTH} characters, got {len(name)}")
         segmentation = segment(text)
         if not segmentation.paragraphs:
             raise IngestError(f"{name}: no text found in the file")

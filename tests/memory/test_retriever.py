@@ -136,6 +136,8 @@ def test_caller_mistakes_raise_value_errors(make_retriever, tmp_path, count_toke
         retriever.search("permit", ["kb:1"], mode="fuzzy")
     with pytest.raises(ValueError, match="at least one collection"):
         retriever.search("permit", [])
+    with pytest.raises(IngestError, match="a document name is 1 to 512 characters, got 600"):
+        retriever.add_document("kb:1", "x" * 596 + ".txt", "text")
     with pytest.raises(ValueError, match="no document with id 999"):
         retriever.delete_document(999)
     with pytest.raises(RuntimeError, match="run the migrations"):

@@ -12,6 +12,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine, Prompt, StepUpdate
@@ -20,6 +21,7 @@ from engine.protocol import EngineStats
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class EngineDeadError(RuntimeError):
@@ -91,21 +93,27 @@ class AsyncEngine:
         self.wakeup.set()
         self.thread.join(timeout=30)
 
-    async def call(self, command: Callable[[], None]) -> None:
-        """Run a command on the loop thread and wait for it; its exception is raised here."""
+    async def call(self, command: Callable[[], T]) -> T:
+        """Run a command on the loop thread and wait for its result; its exception is raised here."""
+        return await asyncio.wrap_future(self.schedule(command))
+
+    def call_sync(self, command: Callable[[], T], timeout: float | None = None) -> T:
+        """The same, for plain threads."""
+        return self.schedule(command).result(timeout)
+
+    def schedule(self, command: Callable[[], T]) -> concurrent.futures.Future:
         done: concurrent.futures.Future = concurrent.futures.Future()
 
         def run() -> None:
             if not done.set_running_or_notify_cancel():
                 return  # the caller is gone
             try:
-                command()
-                done.set_result(None)
+                done.set_result(command())
             except Exception as error:
                 done.set_exception(error)
 
         self.submit(run)
-        await asyncio.wrap_future(done)
+        return done
 
     def submit(self, command: Callable[[], None]) -> None:
         if not self.is_healthy():

@@ -45,7 +45,8 @@ class BlockManager:
 
     def take_cached_prefix(self, seq: Sequence) -> None:
         """Start a new (or preempted) sequence on the longest cached prefix of its tokens."""
-        assert not seq.block_table
+        if seq.block_table or not seq.contiguous:  # already on its session's KV, or not prefix-shaped
+            return
         hits = self.match_prefix(seq.token_ids)
         for block in hits:
             self.acquire(block)
@@ -113,7 +114,7 @@ class BlockManager:
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Publish the sequence's newly computed full blocks to the prefix cache."""
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or not seq.contiguous:
             return
         num_full = seq.num_computed_tokens // self.block_size
         for index in range(len(seq.block_hashes), num_full):

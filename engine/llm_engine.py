@@ -1,8 +1,10 @@
 """The engine loop: add requests, step (schedule, run, postprocess), report what changed."""
 
+import hashlib
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer, GenerationConfig
@@ -10,6 +12,7 @@ from transformers import AutoTokenizer, GenerationConfig
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, resolve_device, resolve_dtype
 from engine.detokenizer import Detokenizer
+from engine.model_files import weight_files
 from engine.model_runner import ModelRunner
 from engine.models.decoder import ModelShape
 from engine.models.loader import load_hf_config, load_model
@@ -17,6 +20,7 @@ from engine.protocol import EngineStats
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from engine.sessions import SessionCache
 
 Prompt = str | list[int] | dict
 
@@ -42,11 +46,13 @@ class LLMEngine:
         model = load_model(config.model, hf_config, self.dtype, self.device, self.max_model_len)
         num_blocks = config.num_kv_blocks or kv_blocks_for_memory(config, model.shape, self.dtype)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(model, num_blocks, config.block_size)
+        self.sessions = SessionCache(self.block_manager, self.runner)
+        self.scheduler = Scheduler(config, self.block_manager, self.sessions.make_room)
+        self.fingerprint = model_fingerprint(config.model, self.dtype)
         self.sequences: dict[str, Sequence] = {}
         self.detokenizers: dict[str, Detokenizer] = {}
-        self.counters = {"prompt_tokens": 0, "generation_tokens": 0}
+        self.counters = {"prompt_tokens": 0, "prefill_tokens": 0, "generation_tokens": 0}
         self.recent_ttft: deque[float] = deque(maxlen=1000)
         self.recent_itl: deque[float] = deque(maxlen=5000)
 
@@ -59,6 +65,8 @@ class LLMEngine:
         text, token_ids = self.tokenize(prompt)
         self.check_fits(token_ids, params)
         seq = Sequence(request_id, token_ids, params, prompt=text, session_id=session_id)
+        if session_id is not None:
+            self.sessions.attach(seq)
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.device).manual_seed(params.seed)
         self.sequences[request_id] = seq
@@ -99,7 +107,7 @@ class LLMEngine:
         if seq is None:
             raise ValueError(f"unknown request id {request_id!r}")
         self.detokenizers.pop(request_id)
-        self.scheduler.finish(seq, "abort")
+        self.finish(seq, "abort")
         return seq
 
     def has_unfinished_requests(self) -> bool:
@@ -111,6 +119,8 @@ class LLMEngine:
             return []
         sampled = self.runner.run(batch)
         for item in batch:
+            if not item.seq.output_token_ids:
+                self.counters["prefill_tokens"] += item.num_new_tokens
             item.seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.cache_full_blocks(item.seq)
         now = time.monotonic()
@@ -122,9 +132,15 @@ class LLMEngine:
         detokenizer = self.detokenizers[seq.request_id]
         reason = self.stop_reason(seq, token, detokenizer.add(token))
         if reason:
-            self.scheduler.finish(seq, reason)
+            self.finish(seq, reason)
             del self.sequences[seq.request_id], self.detokenizers[seq.request_id]
         return StepUpdate(seq, [token], detokenizer.take_new_text(reason is not None), reason is not None)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        session = self.sessions.retain(seq) if seq.session_id is not None else None
+        self.scheduler.finish(seq, reason)
+        if session is not None:
+            self.sessions.finished_turn(session)
 
     def stop_reason(self, seq: Sequence, token: int, stop_string_seen: bool) -> str | None:
         params = seq.params
@@ -155,6 +171,8 @@ class LLMEngine:
             prefix_cache_queries=manager.prefix_queries,
             prefix_cache_hits=manager.prefix_hits,
             prompt_tokens_total=self.counters["prompt_tokens"],
+            prefill_tokens_total=self.counters["prefill_tokens"],
+            session_reused_tokens=self.sessions.reused_tokens,
             generation_tokens_total=self.counters["generation_tokens"],
             num_preemptions=self.scheduler.num_preemptions,
             ttft_seconds=list(self.recent_ttft),
@@ -171,6 +189,18 @@ def eos_token_ids(model_dir, tokenizer) -> set[int]:
     if configured is not None:
         ids |= set(configured) if isinstance(configured, list) else {configured}
     return ids
+
+
+def model_fingerprint(model_dir, dtype: torch.dtype) -> str:
+    """Identifies the weights and dtype that KV was computed with, so saved KV is never mixed up."""
+    digest = hashlib.sha256(str(dtype).encode())
+    folder = Path(model_dir)
+    digest.update((folder / "config.json").read_bytes())
+    for file in weight_files(folder):
+        with file.open("rb") as weights:
+            digest.update(str(file.stat().st_size).encode())
+            digest.update(weights.read(1 << 20))  # the header and the first tensors
+    return digest.hexdigest()[:32]
 
 
 def kv_blocks_for_memory(config: EngineConfig, shape: ModelShape, dtype: torch.dtype) -> int:

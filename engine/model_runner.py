@@ -1,9 +1,14 @@
-"""Turns a scheduled step into one flat batch, runs the model over the paged KV cache, samples."""
+"""Turns a scheduled step into one flat batch, runs the model over the paged KV cache, samples.
+
+It also owns the cache tensors: reading and writing arbitrary slots is how session KV is compressed,
+saved and restored.
+"""
 
 import torch
 
 from engine.kernels import cpu_kernels
 from engine.layers.attention import AttentionMetadata, PrefillChunk
+from engine.layers.importance import ImportanceTracker
 from engine.models.decoder import CausalLM, ModelShape
 from engine.sampler import sample
 from engine.scheduler import ScheduledSeq
@@ -22,6 +27,7 @@ class ModelRunner:
             shape.num_layers, 2, num_blocks, shape.num_kv_heads, block_size * shape.head_dim,
             dtype=self.dtype, device=self.device,
         )  # fmt: skip
+        self.importance = torch.zeros(2, num_blocks * block_size, device=self.device)  # sums, observations
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         if self.device.type == "cpu" and kernels_fit(shape, block_size):
             model.kernels = cpu_kernels()
@@ -49,42 +55,77 @@ class ModelRunner:
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         decodes = [item.seq for item in batch if item.num_new_tokens == 1]
         ids: list[int] = [seq.token_ids[seq.num_computed_tokens] for seq in decodes]
-        position_parts = [torch.tensor([seq.num_computed_tokens for seq in decodes], dtype=torch.long)]
+        positions: list[int] = [seq.positions[seq.num_computed_tokens] for seq in decodes]
         slot_parts = []
         meta = AttentionMetadata(torch.empty(0), torch.empty(0), num_decode_tokens=len(decodes))
+        if any(item.seq.session_id is not None for item in batch):
+            meta.importance = ImportanceTracker(self.importance, self.block_size)
         if decodes:
-            slot_parts.append(self.prepare_decodes(decodes, position_parts[0], meta))
+            slot_parts.append(self.prepare_decodes(decodes, meta))
         start = len(decodes)
         for item in batch[len(decodes) :]:
             seq, count = item.seq, item.num_new_tokens
             first = seq.num_computed_tokens
             ids += seq.token_ids[first : first + count]
-            positions = torch.arange(first, first + count)
+            positions += seq.positions[first : first + count]
             block_table = torch.tensor(seq.block_table[: self.blocks_for(first + count)])
-            slot_parts.append(block_table[positions // self.block_size] * self.block_size
-                              + positions % self.block_size)  # fmt: skip
-            position_parts.append(positions)
-            context = torch.arange(first + count)
-            mask = context[None, :] <= positions[:, None]
-            meta.prefills.append(PrefillChunk(start, start + count, block_table.to(self.device),
-                                              mask.to(self.device)))  # fmt: skip
+            new_slots = torch.arange(first, first + count)
+            slot_parts.append(block_table[new_slots // self.block_size] * self.block_size
+                              + new_slots % self.block_size)  # fmt: skip
+            mask = torch.arange(first + count)[None, :] <= new_slots[:, None]
+            chunk = PrefillChunk(start, start + count, block_table.to(self.device), mask.to(self.device))
+            meta.prefills.append(chunk)
             start += count
         slots = torch.cat(slot_parts).to(self.device)
         meta.slot_blocks, meta.slot_offsets = slots // self.block_size, slots % self.block_size
+        if meta.importance is not None:
+            meta.importance.start_step(slots, meta)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        return input_ids, torch.cat(position_parts).to(self.device), meta
+        return input_ids, torch.tensor(positions, dtype=torch.long, device=self.device), meta
 
-    def prepare_decodes(self, seqs: list[Sequence], positions: torch.Tensor, meta: AttentionMetadata):
+    def prepare_decodes(self, seqs: list[Sequence], meta: AttentionMetadata) -> torch.Tensor:
         width = max(len(seq.block_table) for seq in seqs)
         tables = torch.tensor([seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs])
+        new_slots = torch.tensor([seq.num_computed_tokens for seq in seqs])
         rows = torch.arange(len(seqs))
-        slots = tables[rows, positions // self.block_size] * self.block_size + positions % self.block_size
+        slots = tables[rows, new_slots // self.block_size] * self.block_size + new_slots % self.block_size
         meta.decode_block_tables = tables.to(self.device)
-        meta.decode_context_lens = (positions + 1).to(self.device)
+        meta.decode_context_lens = (new_slots + 1).to(self.device)
         return slots
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def slot_ids(self, block_ids: list[int], count: int) -> torch.Tensor:
+        """The first `count` slots of a block table."""
+        blocks = torch.tensor(block_ids, dtype=torch.long).repeat_interleave(self.block_size)
+        offsets = torch.arange(self.block_size).repeat(len(block_ids))
+        return (blocks * self.block_size + offsets)[:count].to(self.device)
+
+    @torch.inference_mode()
+    def read_slots(self, slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(keys, values) as (layers, slots, kv_heads, head_dim), then importance sums and observations."""
+        keys, values = self.cache_views()
+        blocks, offsets = slots // self.block_size, slots % self.block_size
+        k = keys[:, blocks, :, :, offsets].transpose(0, 1)
+        v = values[:, blocks, :, offsets, :].transpose(0, 1)
+        return k, v, self.importance[0, slots], self.importance[1, slots]
+
+    @torch.inference_mode()
+    def write_slots(self, slots: torch.Tensor, k, v, importance, observations) -> None:
+        keys, values = self.cache_views()
+        blocks, offsets = slots // self.block_size, slots % self.block_size
+        keys[:, blocks, :, :, offsets] = k.transpose(0, 1).to(self.dtype)
+        values[:, blocks, :, offsets, :] = v.transpose(0, 1).to(self.dtype)
+        self.importance[0, slots] = importance.to(self.importance)
+        self.importance[1, slots] = observations.to(self.importance)
+
+    def cache_views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        layers, _, blocks, kv_heads, width = self.kv_cache.shape
+        head_dim = width // self.block_size
+        keys = self.kv_cache[:, 0].view(layers, blocks, kv_heads, head_dim, self.block_size)
+        values = self.kv_cache[:, 1].view(layers, blocks, kv_heads, self.block_size, head_dim)
+        return keys, values
 
 
 def kernels_fit(shape: ModelShape, block_size: int) -> bool:

@@ -17,6 +17,8 @@ class EngineStats:
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of those, tokens found
     prompt_tokens_total: int = 0
+    prefill_tokens_total: int = 0  # prompt tokens actually computed (not served from a cache)
+    session_reused_tokens: int = 0  # prompt tokens served from sessions' KV
     generation_tokens_total: int = 0
     num_preemptions: int = 0
     ttft_seconds: list[float] = field(default_factory=list)  # recent requests, oldest first

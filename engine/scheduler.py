@@ -5,6 +5,7 @@ When the block pool runs short, the lowest-priority running sequence is preempte
 blocks go back (keeping their prefix-cache hashes) and it waits at the front of the queue.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.block_manager import BlockManager
@@ -19,11 +20,12 @@ class ScheduledSeq:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, make_room: Callable[[int], None]):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.short_first = config.scheduling_policy == "short_first"
         self.block_manager = block_manager
+        self.make_room = make_room  # frees blocks held by idle sessions, if any
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -49,7 +51,7 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             count = min(seq.num_uncomputed_tokens, budget)
-            while not self.block_manager.allocate_slots(seq, count):
+            while not self.allocate(seq, count):
                 victim = self.running.pop()
                 self.preempt(victim)
                 preempted = True
@@ -64,11 +66,13 @@ class Scheduler:
         scheduled: list[ScheduledSeq] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.next_waiting()
+            fresh = not seq.block_table
             self.block_manager.take_cached_prefix(seq)
             count = min(seq.num_uncomputed_tokens, budget)
-            if not self.block_manager.allocate_slots(seq, count):
-                self.block_manager.free(seq)
-                seq.num_computed_tokens = 0
+            if not self.allocate(seq, count):
+                if fresh:  # hand back the prefix-cache blocks it just took; they stay cached
+                    self.block_manager.free(seq)
+                    seq.num_computed_tokens = 0
                 break
             self.block_manager.record_prefix_lookup(seq)
             self.waiting.remove(seq)
@@ -77,6 +81,14 @@ class Scheduler:
             scheduled.append(ScheduledSeq(seq, count))
             budget -= count
         return scheduled
+
+    def allocate(self, seq: Sequence, count: int) -> bool:
+        if self.block_manager.allocate_slots(seq, count):
+            return True
+        self.make_room(
+            self.block_manager.blocks_needed(seq.num_computed_tokens + count) - len(seq.block_table)
+        )
+        return self.block_manager.allocate_slots(seq, count)
 
     def next_waiting(self) -> Sequence:
         if not self.short_first:

@@ -33,10 +33,34 @@ class Sequence:
     first_token_time: float | None = None
     last_token_time: float | None = None
     generator: torch.Generator | None = None  # only for seeded sampling
-    token_ids: list[int] = field(init=False)
+    token_ids: list[int] = field(init=False)  # what each KV slot holds (or will hold), in slot order
+    positions: list[int] = field(init=False)  # each slot's position in the text (RoPE), increasing
+    session_reused: int = 0  # leading slots whose KV came from the session
+    text_start: int = 0  # where in the prompt the slots after those continue
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_token_ids)
+        self.positions = list(range(len(self.token_ids)))
+
+    def continue_session(self, token_ids: list[int], positions: list[int], prompt_start: int) -> None:
+        """Start on a session's KV: its slots first, then the prompt from `prompt_start` on."""
+        tail = self.prompt_token_ids[prompt_start:]
+        self.token_ids = token_ids + tail
+        self.positions = positions + list(range(prompt_start, prompt_start + len(tail)))
+        self.session_reused = len(token_ids)
+        self.text_start = prompt_start
+
+    def session_text(self) -> list[int]:
+        """The conversation's tokens whose KV this sequence has computed."""
+        return (
+            self.prompt_token_ids[: self.text_start]
+            + self.token_ids[self.session_reused : self.num_computed_tokens]
+        )
+
+    @property
+    def contiguous(self) -> bool:
+        """True when slot i holds token i of the text, so its blocks may enter the prefix cache."""
+        return self.positions[-1] == len(self.positions) - 1
 
     @property
     def num_tokens(self) -> int:
@@ -56,4 +80,5 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+        self.positions.append(self.positions[-1] + 1)
         self.output_token_ids.append(token_id)

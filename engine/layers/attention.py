@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from engine.layers.importance import ImportanceTracker
+
 
 @dataclass
 class PrefillChunk:
@@ -31,6 +33,7 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None = None  # (decodes, max_blocks), padded with block 0
     decode_context_lens: torch.Tensor | None = None  # (decodes,)
     prefills: list[PrefillChunk] = field(default_factory=list)
+    importance: ImportanceTracker | None = None  # set when a session's tokens may be evicted later
 
 
 def split_layer_cache(layer_cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,9 +55,9 @@ def paged_attention(q, k, v, layer_cache: torch.Tensor, meta: AttentionMetadata,
     if decodes:
         attend = kernel_decode_attention if kernels is not None else torch_decode_attention
         out[:decodes] = attend(q[:decodes], key_cache, value_cache, meta, kernels)
-    for chunk in meta.prefills:
+    for index, chunk in enumerate(meta.prefills):
         out[chunk.start : chunk.end] = prefill_attention(
-            q[chunk.start : chunk.end], key_cache, value_cache, chunk
+            q[chunk.start : chunk.end], key_cache, value_cache, chunk, index, meta.importance
         )
     return out
 
@@ -69,8 +72,10 @@ def gather_context(key_cache, value_cache, block_ids: torch.Tensor) -> tuple[tor
 def kernel_decode_attention(q, key_cache, value_cache, meta: AttentionMetadata, kernels) -> torch.Tensor:
     tables, lens = meta.decode_block_tables, meta.decode_context_lens
     max_context = tables.shape[1] * key_cache.shape[-1]
-    scores = kernels.paged_qk(q, key_cache, tables, lens, max_context, q.shape[-1] ** -0.5)
-    return kernels.paged_pv(scores.softmax(dim=-1), value_cache, tables, lens)
+    probs = kernels.paged_qk(q, key_cache, tables, lens, max_context, q.shape[-1] ** -0.5).softmax(dim=-1)
+    if meta.importance is not None:
+        meta.importance.add_decode(probs)
+    return kernels.paged_pv(probs, value_cache, tables, lens)
 
 
 def torch_decode_attention(q, key_cache, value_cache, meta: AttentionMetadata, kernels=None) -> torch.Tensor:
@@ -81,15 +86,27 @@ def torch_decode_attention(q, key_cache, value_cache, meta: AttentionMetadata, k
     mask = (positions[None, :] < meta.decode_context_lens[:, None])[:, None, None, :]
     # The query heads that share a KV head ride along as extra query rows: no KV copy for GQA.
     grouped = q.view(decodes, kv_heads, heads // kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask)
+    if meta.importance is None:
+        out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask)
+    else:  # fused SDPA hides the probabilities that importance needs
+        scores = (grouped @ keys.transpose(-1, -2)) * head_dim**-0.5
+        probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        meta.importance.add_decode(probs.reshape(decodes, heads, -1))
+        out = probs.to(values.dtype) @ values
     return out.reshape(decodes, heads, head_dim)
 
 
-def prefill_attention(q, key_cache, value_cache, chunk: PrefillChunk) -> torch.Tensor:
+def prefill_attention(q, key_cache, value_cache, chunk: PrefillChunk, index: int, importance) -> torch.Tensor:
     context = chunk.mask.shape[1]
     keys, values = gather_context(key_cache, value_cache, chunk.block_ids)
-    keys, values = keys[:, :context].unsqueeze(0), values[:, :context].unsqueeze(0)
+    keys, values = keys[:, :context], values[:, :context]
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=chunk.mask, enable_gqa=True
+        q.transpose(0, 1).unsqueeze(0),
+        keys.unsqueeze(0),
+        values.unsqueeze(0),
+        attn_mask=chunk.mask,
+        enable_gqa=True,
     )
+    if importance is not None:
+        importance.add_prefill_window(index, q, keys, chunk.mask)
     return out.squeeze(0).transpose(0, 1)

@@ -1,0 +1,148 @@
+"""Session KV across turns: exact while within budget, restorable after a restart, and compressed with
+attention-based eviction when over it."""
+
+import pytest
+import torch
+
+from engine.sessions import common_prefix
+from memory.sessions import kv_files
+from tests.memory.sessions.conftest import QUESTIONS, Conversation, memory_for, transformers_greedy
+
+
+@pytest.mark.parametrize("model", ["smollm2", "qwen3"])
+def test_five_turns_equal_transformers_recomputing_and_prefill_only_new_tokens(hf_models, tmp_path, model):
+    dirs, models = hf_models
+    memory = memory_for(dirs[model], tmp_path)
+    chat = Conversation(memory, "five-turns")
+    try:
+        previous_text: list[int] = []
+        for question in QUESTIONS:
+            turn = chat.ask(question)
+            assert turn.reply_ids == transformers_greedy(models[model], turn.prompt_ids, chat.max_tokens)
+            reusable = min(common_prefix(previous_text, turn.prompt_ids), len(turn.prompt_ids) - 1)
+            assert turn.cached == reusable and turn.prefilled == len(turn.prompt_ids) - reusable
+            session = memory.cache.sessions["five-turns"]
+            previous_text = session.text_token_ids
+        later = chat.turns[1:]
+        assert all(
+            turn.cached >= len(earlier.prompt_ids) for earlier, turn in zip(chat.turns, later, strict=False)
+        )
+    finally:
+        memory.shutdown()
+
+
+@pytest.fixture(scope="module")
+def expected(smollm2_dir, tmp_path_factory):
+    """The third turn of a conversation that never restarted."""
+    memory = memory_for(smollm2_dir, tmp_path_factory.mktemp("reference"))
+    chat = Conversation(memory, "restart")
+    try:
+        for question in QUESTIONS[:3]:
+            chat.ask(question)
+        return chat.turns[-1]
+    finally:
+        memory.shutdown()
+
+
+def two_turns_then_stop(smollm2_dir, data_dir) -> Conversation:
+    memory = memory_for(smollm2_dir, data_dir)
+    chat = Conversation(memory, "restart")
+    for question in QUESTIONS[:2]:
+        chat.ask(question)
+    memory.shutdown()  # saves every session still in the pool
+    return chat
+
+
+def continue_after_restart(smollm2_dir, data_dir, chat: Conversation):
+    chat.memory = memory_for(smollm2_dir, data_dir)
+    try:
+        turn = chat.ask(QUESTIONS[2])
+        return turn, chat.memory.warnings.get("restart")
+    finally:
+        chat.memory.shutdown()
+
+
+def test_a_restarted_server_resumes_from_disk_with_the_same_reply(smollm2_dir, tmp_path, expected):
+    chat = two_turns_then_stop(smollm2_dir, tmp_path / "data")
+    turn, warning = continue_after_restart(smollm2_dir, tmp_path / "data", chat)
+    assert warning is None
+    assert turn.reply_ids == expected.reply_ids
+    assert turn.prefilled == expected.prefilled < len(turn.prompt_ids) // 2  # no full prefill
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "foreign"])
+def test_a_damaged_kv_file_falls_back_to_recomputing_with_a_warning(smollm2_dir, tmp_path, damage, expected):
+    chat = two_turns_then_stop(smollm2_dir, tmp_path / "data")
+    path = kv_files.session_file(tmp_path / "data" / "sessions", "restart")
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[-100] ^= 0xFF
+        path.write_bytes(bytes(data))
+    elif damage == "truncate":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        snapshot = kv_files.load(path, chat.memory.fingerprint, torch.float32)
+        kv_files.save(snapshot, path, fingerprint="another-model")
+    turn, warning = continue_after_restart(smollm2_dir, tmp_path / "data", chat)
+    assert warning is not None and "recomputing" in warning
+    assert turn.reply_ids == expected.reply_ids
+    assert turn.prefilled == len(turn.prompt_ids)  # the whole history, recomputed
+
+
+def test_over_budget_sessions_keep_sinks_recent_and_heavy_hitters(smollm2_dir, tmp_path):
+    budget, recent = 96, 32
+    memory = memory_for(smollm2_dir, tmp_path, session_budget_tokens=budget, recent_tokens=recent)
+    chat = Conversation(memory, "small", max_tokens=24)
+    try:
+        for question in QUESTIONS:
+            turn = chat.ask(question)
+            assert turn.reply.strip()
+            session = memory.cache.sessions["small"]
+            assert session.num_slots <= budget
+        text_length = len(session.text_token_ids)
+        assert session.evicted_tokens == text_length - session.num_slots > 0
+        assert session.positions[:4] == [0, 1, 2, 3]
+        assert session.positions[-recent:] == list(range(text_length - recent, text_length))
+        assert session.evictions and all(r.tokens_after <= budget for r in session.evictions)
+    finally:
+        memory.shutdown()
+
+
+def masked_greedy(
+    model, prompt_ids: list[int], evicted: set[int], reused_until: int, steps: int
+) -> list[int]:
+    """The oracle for evicted KV: transformers over the whole text with the original positions, where
+    tokens from `reused_until` on cannot see the evicted positions (earlier tokens saw everything)."""
+    ids = list(prompt_ids)
+    for _ in range(steps):
+        length = len(ids)
+        visible = torch.ones(length, length, dtype=torch.bool).tril()
+        hidden = torch.tensor(sorted(evicted), dtype=torch.long)
+        visible[reused_until:, hidden] = False
+        logits = model(
+            torch.tensor([ids]), attention_mask=visible[None, None], position_ids=torch.arange(length)[None]
+        ).logits
+        ids.append(int(logits[0, -1].argmax()))
+    return ids[len(prompt_ids) :]
+
+
+@pytest.mark.parametrize("model", ["qwen3", "smollm2"])
+def test_evicted_kv_keeps_original_positions_as_transformers_with_those_tokens_masked(
+    hf_models, tmp_path, model
+):
+    dirs, models = hf_models
+    memory = memory_for(dirs[model], tmp_path)
+    chat = Conversation(memory, "rope", max_tokens=10)
+    try:
+        for question in QUESTIONS[:2]:
+            chat.ask(question)
+        session = memory.cache.sessions["rope"]
+        evicted = set(range(12, 40))
+        keep = [slot for slot, position in enumerate(session.positions) if position not in evicted]
+        memory.engine.call_sync(lambda: memory.cache.compress("rope", keep))
+        turn = chat.ask(QUESTIONS[2])
+        reused_until = turn.cached  # the text position where this turn's computed tokens begin
+        assert reused_until > 40
+        assert turn.reply_ids == masked_greedy(models[model], turn.prompt_ids, evicted, reused_until, 10)
+    finally:
+        memory.shutdown()

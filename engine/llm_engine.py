@@ -39,8 +39,9 @@ class LLMEngine:
         hf_config = load_hf_config(config.model)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.max_model_len = min(config.max_model_len or hf_config.max_position_embeddings,
-                                 hf_config.max_position_embeddings)  # fmt: skip
+        self.max_model_len = min(
+            config.max_model_len or hf_config.max_position_embeddings, hf_config.max_position_embeddings
+        )
         self.tokenizer = AutoTokenizer.from_pretrained(config.model)
         self.eos_token_ids = eos_token_ids(config.model, self.tokenizer)
         model = load_model(config.model, hf_config, self.dtype, self.device, self.max_model_len)

@@ -24,9 +24,14 @@ class ModelRunner:
         shape = model.shape
         # (layers, keys/values, blocks, kv_heads, block_size * head_dim); see layers/attention.py.
         self.kv_cache = torch.zeros(
-            shape.num_layers, 2, num_blocks, shape.num_kv_heads, block_size * shape.head_dim,
-            dtype=self.dtype, device=self.device,
-        )  # fmt: skip
+            shape.num_layers,
+            2,
+            num_blocks,
+            shape.num_kv_heads,
+            block_size * shape.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
         self.importance = torch.zeros(2, num_blocks * block_size, device=self.device)  # sums, observations
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         if self.device.type == "cpu" and kernels_fit(shape, block_size):
@@ -44,8 +49,11 @@ class ModelRunner:
         input_ids, positions, meta = self.prepare(batch)
         hidden = self.model(input_ids, positions, self.kv_cache, meta)
         ends = torch.tensor([item.num_new_tokens for item in batch]).cumsum(0) - 1
-        samplers = [i for i, item in enumerate(batch) if item.seq.num_computed_tokens + item.num_new_tokens
-                    == item.seq.num_tokens]  # fmt: skip
+        samplers = [
+            i
+            for i, item in enumerate(batch)
+            if item.seq.num_computed_tokens + item.num_new_tokens == item.seq.num_tokens
+        ]
         if not samplers:
             return {}
         logits = self.model.logits(hidden[ends[samplers].to(self.device)])
@@ -70,8 +78,9 @@ class ModelRunner:
             positions += seq.positions[first : first + count]
             block_table = torch.tensor(seq.block_table[: self.blocks_for(first + count)])
             new_slots = torch.arange(first, first + count)
-            slot_parts.append(block_table[new_slots // self.block_size] * self.block_size
-                              + new_slots % self.block_size)  # fmt: skip
+            slot_parts.append(
+                block_table[new_slots // self.block_size] * self.block_size + new_slots % self.block_size
+            )
             mask = torch.arange(first + count)[None, :] <= new_slots[:, None]
             chunk = PrefillChunk(start, start + count, block_table.to(self.device), mask.to(self.device))
             meta.prefills.append(chunk)

@@ -127,8 +127,9 @@ class SessionCache:
             self.make_room(1)
         copy = self.block_manager.allocate_block()
         source = self.runner.slot_ids([last.block_id], self.block_size)
-        self.runner.write_slots(self.runner.slot_ids([copy.block_id], self.block_size),
-                                *self.runner.read_slots(source))  # fmt: skip
+        self.runner.write_slots(
+            self.runner.slot_ids([copy.block_id], self.block_size), *self.runner.read_slots(source)
+        )
         self.block_manager.release([last.block_id])
         return [*block_ids[:-1], copy.block_id]
 
@@ -165,10 +166,17 @@ class SessionCache:
         slots = self.runner.slot_ids(session.block_ids, session.num_slots)[keep]
         keys, values, importance, observations = (t.cpu().clone() for t in self.runner.read_slots(slots))
         return SessionSnapshot(
-            session_id, list(session.text_token_ids),
-            [session.token_ids[i] for i in keep], [session.positions[i] for i in keep],
-            keys, values, importance, observations, session.evicted_tokens, list(session.evictions),
-        )  # fmt: skip
+            session_id,
+            list(session.text_token_ids),
+            [session.token_ids[i] for i in keep],
+            [session.positions[i] for i in keep],
+            keys,
+            values,
+            importance,
+            observations,
+            session.evicted_tokens,
+            list(session.evictions),
+        )
 
     def restore(self, snapshot: SessionSnapshot) -> bool:
         """Put a snapshot into the pool as the session's KV; False if the pool cannot hold it."""
@@ -185,10 +193,14 @@ class SessionCache:
             slots, snapshot.keys, snapshot.values, snapshot.importance, snapshot.observations
         )
         self.sessions[snapshot.session_id] = SessionKV(
-            snapshot.session_id, list(snapshot.text_token_ids), list(snapshot.token_ids),
-            list(snapshot.positions), block_ids, evicted_tokens=snapshot.evicted_tokens,
+            snapshot.session_id,
+            list(snapshot.text_token_ids),
+            list(snapshot.token_ids),
+            list(snapshot.positions),
+            block_ids,
+            evicted_tokens=snapshot.evicted_tokens,
             evictions=list(snapshot.evictions),
-        )  # fmt: skip
+        )
         return True
 
     def compress(self, session_id: str, keep: list[int]) -> EvictionRecord:

@@ -155,15 +155,25 @@ class SessionMemory:
         if session is None or session.running is not None:
             return SessionInfo(session_id, "pool" if session else "none")
         return SessionInfo(
-            session_id, "pool", session.num_slots, len(session.text_token_ids), len(session.block_ids),
-            session.evicted_tokens, positions=list(session.positions),
-            importance=self.cache.importance(session_id).tolist(), evictions=list(session.evictions),
-        )  # fmt: skip
+            session_id,
+            "pool",
+            session.num_slots,
+            len(session.text_token_ids),
+            len(session.block_ids),
+            session.evicted_tokens,
+            positions=list(session.positions),
+            importance=self.cache.importance(session_id).tolist(),
+            evictions=list(session.evictions),
+        )
 
     def memory_stats(self) -> dict[str, int]:
         in_pool = self.engine.call_sync(lambda: (len(self.cache.sessions), self.cache.held_blocks()))
-        return {"sessions_in_pool": in_pool[0], "session_blocks": in_pool[1], **self.counters,
-                "reused_tokens": self.cache.reused_tokens}  # fmt: skip
+        return {
+            "sessions_in_pool": in_pool[0],
+            "session_blocks": in_pool[1],
+            **self.counters,
+            "reused_tokens": self.cache.reused_tokens,
+        }
 
     # SessionHooks: on the engine thread
     def after_turn(self, cache: SessionCache, session: SessionKV) -> None:
@@ -171,9 +181,14 @@ class SessionMemory:
         budget = options.budget_tokens or self.config.session_budget_tokens
         if session.num_slots > budget:
             keep = choose_slots(
-                session.positions, cache.importance(session.session_id), budget, self.config.sink_tokens,
-                self.config.recent_tokens, options.protected_tokens, self.config.heavy_hitters,
-            )  # fmt: skip
+                session.positions,
+                cache.importance(session.session_id),
+                budget,
+                self.config.sink_tokens,
+                self.config.recent_tokens,
+                options.protected_tokens,
+                self.config.heavy_hitters,
+            )
             cache.compress(session.session_id, keep)
             self.counters["evictions"] += 1
         for idle in sorted(cache.sessions.values(), key=lambda s: s.last_used):
@@ -236,9 +251,10 @@ class SessionMemory:
         """Sessions idle long enough whose KV changed since it was last saved (engine thread)."""
         cutoff = time.monotonic() - self.config.idle_seconds
         return [
-            (s.session_id, s.last_used) for s in self.cache.sessions.values()
+            (s.session_id, s.last_used)
+            for s in self.cache.sessions.values()
             if s.running is None and s.last_used < cutoff and self.saved.get(s.session_id) != s.last_used
-        ]  # fmt: skip
+        ]
 
 
 def idle_slots(cache: SessionCache) -> int:

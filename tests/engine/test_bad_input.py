@@ -9,8 +9,9 @@ from engine.llm_engine import LLMEngine
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dirs):
-    return LLMEngine(EngineConfig(model=tiny_model_dirs["llama"], dtype="float32", num_kv_blocks=16,
-                                  max_model_len=128))  # fmt: skip
+    return LLMEngine(
+        EngineConfig(model=tiny_model_dirs["llama"], dtype="float32", num_kv_blocks=16, max_model_len=128)
+    )
 
 
 def finish(engine):

@@ -53,8 +53,13 @@ class Conversation:
         before = self.memory.stats().prefill_tokens_total
         deltas = asyncio.run(self.collect(prompt_ids))
         reply_ids = [t for d in deltas for t in d.token_ids]
-        turn = Turn(prompt_ids, reply_ids, "".join(d.text for d in deltas), deltas[-1].num_cached_tokens,
-                    self.memory.stats().prefill_tokens_total - before)  # fmt: skip
+        turn = Turn(
+            prompt_ids,
+            reply_ids,
+            "".join(d.text for d in deltas),
+            deltas[-1].num_cached_tokens,
+            self.memory.stats().prefill_tokens_total - before,
+        )
         self.messages.append({"role": "assistant", "content": turn.reply})
         self.turns.append(turn)
         return turn
@@ -62,8 +67,12 @@ class Conversation:
     async def collect(self, prompt_ids):
         params = SamplingParams(temperature=0, max_tokens=self.max_tokens)
         request_id = f"{self.session_id}-{len(self.turns)}"
-        return [d async for d in self.memory.generate({"prompt_token_ids": prompt_ids}, params, request_id,
-                                                      self.session_id)]  # fmt: skip
+        return [
+            d
+            async for d in self.memory.generate(
+                {"prompt_token_ids": prompt_ids}, params, request_id, self.session_id
+            )
+        ]
 
 
 def transformers_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:

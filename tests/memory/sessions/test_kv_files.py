@@ -10,9 +10,17 @@ def snapshot(dtype=torch.float32) -> SessionSnapshot:
     keys = torch.randn(2, 5, 3, 8, generator=generator).to(dtype)
     record = EvictionRecord(1.5, 6, 5, [(0, 2), (3, 6)])
     return SessionSnapshot(
-        "abc", [1, 2, 3, 4, 5, 6], [1, 2, 4, 5, 6], [0, 1, 3, 4, 5], keys, keys * 2,
-        torch.rand(5), torch.ones(5), evicted_tokens=1, evictions=[record],
-    )  # fmt: skip
+        "abc",
+        [1, 2, 3, 4, 5, 6],
+        [1, 2, 4, 5, 6],
+        [0, 1, 3, 4, 5],
+        keys,
+        keys * 2,
+        torch.rand(5),
+        torch.ones(5),
+        evicted_tokens=1,
+        evictions=[record],
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

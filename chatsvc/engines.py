@@ -3,19 +3,29 @@
 import logging
 import threading
 
-from chatsvc.errors import EngineUnavailable
+from chatsvc.errors import EngineUnavailable, NotAvailable
 from chatsvc.settings import Settings
 from engine.async_engine import AsyncEngine
 from engine.model_files import check_model_dir
 from engine.protocol import EngineClient, EngineStats
+from memory.sessions import kv_files
+from memory.sessions.session_memory import SessionMemory
 
 log = logging.getLogger(__name__)
 LOADING_RETRY_AFTER_S = 10
 
 
 def build_engine(settings: Settings) -> EngineClient:
-    """The one place that constructs the engine."""
-    return AsyncEngine(settings.engine_config())
+    """The one place that constructs the engine: the native engine under the session memory."""
+    return SessionMemory(AsyncEngine(settings.engine_config()), settings.memory_config())
+
+
+def session_memory(engine: EngineClient) -> SessionMemory | None:
+    """The one place that asks whether an engine keeps sessions' KV (a vLLM backend does not)."""
+    return engine if isinstance(engine, SessionMemory) else None
+
+
+NO_SESSION_KV = "not available with this engine: it does not keep sessions' KV"
 
 
 class EngineLoader:
@@ -24,6 +34,7 @@ class EngineLoader:
     def __init__(self, settings: Settings):
         model_dir = settings.model_path()
         check_model_dir(model_dir)  # a wrong folder fails at once, before the server starts
+        settings.memory_config()  # and so do contradicting budgets
         self.model_name = model_dir.name
         self._settings = settings
         self._engine: EngineClient | None = None
@@ -53,6 +64,26 @@ class EngineLoader:
         if state == "loading":
             raise EngineUnavailable("the model is still loading", retry_after_s=LOADING_RETRY_AFTER_S)
         raise EngineUnavailable(self._error or "the engine stopped working; see the server log")
+
+    def session_memory(self) -> SessionMemory:
+        """The session memory, for session-KV features; NotAvailable on an engine without one."""
+        memory = session_memory(self.ready())
+        if memory is None:
+            raise NotAvailable(NO_SESSION_KV)
+        return memory
+
+    async def forget_session_kv(self, session_id: str) -> None:
+        """A deleted session's KV goes, in the pool and on disk (only the file while the engine loads)."""
+        if self.state != "ready":  # loading, failed or dead: only its file is there to delete
+            sessions_dir = self._settings.memory_config().sessions_dir
+            kv_files.session_file(sessions_dir, session_id).unlink(missing_ok=True)
+        elif (memory := session_memory(self._engine)) is not None:
+            await memory.close_session(session_id)
+
+    def memory_stats(self) -> dict[str, int] | None:
+        """The session memory's counters; None while loading, on a dead engine, or without session KV."""
+        memory = session_memory(self._engine) if self.state == "ready" else None
+        return memory.memory_stats() if memory is not None else None
 
     @property
     def max_model_len(self) -> int | None:

@@ -13,6 +13,10 @@ class Forbidden(PermissionError):
     pass
 
 
+class NotAvailable(RuntimeError):
+    """A feature the running engine does not have (e.g. session KV on a backend without it)."""
+
+
 class QueueFull(RuntimeError):
     def __init__(self, limit: int, retry_after_s: int):
         super().__init__(f"the server is generating {limit} replies already; retry in {retry_after_s} s")

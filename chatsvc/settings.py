@@ -8,6 +8,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.config import EngineConfig
 from engine.default_model import DEFAULT_CACHE_DIR, default_model_dir
+from memory.retrieval.ingest import MAX_FILE_BYTES
+from memory.sessions.config import MemoryConfig
+
+# The session memory always keeps its attention sinks and recent window whole; a budget must exceed them.
+MIN_SESSION_BUDGET_TOKENS = MemoryConfig.sink_tokens + MemoryConfig.recent_tokens + 1
 
 
 class Settings(BaseSettings):
@@ -46,6 +51,24 @@ class Settings(BaseSettings):
     )
     max_request_bytes: int = Field(1_000_000, ge=1024, description="largest request body on /v1 and /api")
     default_max_tokens: int = Field(512, ge=1, description="reply length limit when a request names none")
+    session_budget_tokens: int = Field(
+        2048, ge=MIN_SESSION_BUDGET_TOKENS, description="KV tokens a session keeps between turns (default)"
+    )
+    session_pool_tokens: int = Field(
+        32768,
+        ge=MIN_SESSION_BUDGET_TOKENS,
+        description="KV tokens all idle sessions keep in the pool together",
+    )
+    session_idle_seconds: float = Field(
+        120.0, gt=0, description="a session unused this long has its KV written to disk"
+    )
+    context_budget_tokens: int = Field(
+        1024, ge=16, description="retrieved sources a turn may add to its message, in tokens"
+    )
+    max_file_bytes: int = Field(MAX_FILE_BYTES, ge=1, description="largest knowledge-base document")
+    max_upload_bytes: int = Field(
+        100 * 2**20, ge=1024, description="largest document upload request (all files together)"
+    )
     replica_id: str = Field(
         "default", description="name of this app replica; each replica sharing one database needs its own"
     )
@@ -72,6 +95,15 @@ class Settings(BaseSettings):
             max_num_batched_tokens=self.max_num_batched_tokens,
             enable_prefix_caching=self.enable_prefix_caching,
             scheduling_policy=self.scheduling_policy,
+        )
+
+    def memory_config(self) -> MemoryConfig:
+        """Raises ValueError when the budgets contradict each other (the pool must hold one session)."""
+        return MemoryConfig(
+            data_dir=self.data_path(),
+            session_budget_tokens=self.session_budget_tokens,
+            global_budget_tokens=self.session_pool_tokens,
+            idle_seconds=self.session_idle_seconds,
         )
 
 

@@ -1,6 +1,7 @@
 """Every database query of the chat service.  Routes and the turn flow call these, never SQL directly."""
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from sqlalchemy import delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session
@@ -10,14 +11,16 @@ from chatsvc.models import (
     UNFINISHED,
     ApiKey,
     ChatSession,
+    EvictionEvent,
     KnowledgeBase,
     Message,
     MessageStatus,
     Role,
+    SessionKvSnapshot,
     User,
     utcnow,
 )
-from chatsvc.security import hash_api_key, hash_password, new_api_key
+from chatsvc.security import hash_api_key, hash_password, new_api_key, verify_password
 
 FIRST_ADMIN = "admin"
 SETTINGS_KEY_NAME = "from settings"
@@ -69,6 +72,17 @@ def user_by_api_key(db: Session, key: str) -> User | None:
     return db.scalar(select(User).join(ApiKey).where(ApiKey.key_hash == hash_api_key(key)))
 
 
+def user_by_password(db: Session, username: str, password: str) -> User | None:
+    user = db.scalar(select(User).where(User.username == username))
+    if user is None or user.password_hash is None or not verify_password(password, user.password_hash):
+        return None
+    return user
+
+
+def username(db: Session, user_id: int) -> str:
+    return db.scalar(select(User.username).where(User.id == user_id)) or ""
+
+
 def create_user(db: Session, username: str, role: Role = Role.user, password: str | None = None) -> User:
     if db.scalar(select(exists().where(User.username == username))):
         raise Conflict(f"user {username!r} exists already")
@@ -96,6 +110,13 @@ def create_api_key(db: Session, user: User, name: str) -> tuple[ApiKey, str]:
     db.add(record)
     db.flush()
     return record, key
+
+
+def owned_collections(db: Session, user_id: int) -> tuple[list[str], list[str]]:
+    """The user's session ids and knowledge-base ids: what deleting the user leaves in the memory."""
+    sessions = db.scalars(select(ChatSession.id).where(ChatSession.owner_id == user_id)).all()
+    bases = db.scalars(select(KnowledgeBase.id).where(KnowledgeBase.owner_id == user_id)).all()
+    return list(sessions), list(bases)
 
 
 def list_api_keys(db: Session, user: User) -> Sequence[ApiKey]:
@@ -178,7 +199,7 @@ def list_sessions(
     if archived is not None:
         query = query.where(ChatSession.archived == archived)
     if search:
-        pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        pattern = _literal_pattern(search)
         in_messages = exists().where(
             Message.session_id == ChatSession.id, Message.content.ilike(pattern, "\\")
         )
@@ -225,8 +246,8 @@ def add_message(
     return message
 
 
-def set_context(db: Session, message_id: int, context: list[dict]) -> None:
-    db.execute(update(Message).where(Message.id == message_id).values(context=context))
+def set_context(db: Session, message_id: int, context: list[dict] | None, retrieval: dict | None) -> None:
+    db.execute(update(Message).where(Message.id == message_id).values(context=context, retrieval=retrieval))
 
 
 def save_reply_progress(db: Session, reply_id: int, content: str) -> None:
@@ -254,3 +275,74 @@ def mark_interrupted(db: Session, replica_id: str) -> int:
         )
     )
     return result.rowcount
+
+
+# --- Session KV records (admin) ---
+
+
+def admin_session_rows(
+    db: Session, owner: str | None, title: str | None, limit: int, offset: int
+) -> tuple[list[tuple], int]:
+    """Every user's sessions, newest first, as (session, owner name, turns, tokens, KV record or None);
+    `owner` and `title` match case-insensitive substrings."""
+    turns = (
+        select(func.count())
+        .where(Message.session_id == ChatSession.id, Message.role == "user")
+        .scalar_subquery()
+    )
+    tokens = (
+        select(Message.prompt_tokens + Message.completion_tokens)
+        .where(Message.session_id == ChatSession.id, Message.role == "assistant")
+        .order_by(Message.id.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    query = (
+        select(ChatSession, User.username, turns, tokens, SessionKvSnapshot)
+        .join(User, User.id == ChatSession.owner_id)
+        .outerjoin(SessionKvSnapshot, SessionKvSnapshot.session_id == ChatSession.id)
+    )
+    if owner:
+        query = query.where(User.username.ilike(_literal_pattern(owner), "\\"))
+    if title:
+        query = query.where(ChatSession.title.ilike(_literal_pattern(title), "\\"))
+    total = db.scalar(select(func.count()).select_from(query.subquery()))
+    page = query.order_by(ChatSession.updated_at.desc(), ChatSession.id).limit(limit).offset(offset)
+    return [tuple(row) for row in db.execute(page)], total
+
+
+def upsert_kv_record(db: Session, session_id: str, **fields) -> None:
+    record = db.scalar(select(SessionKvSnapshot).where(SessionKvSnapshot.session_id == session_id))
+    if record is None:
+        db.add(SessionKvSnapshot(session_id=session_id, **fields))
+    else:
+        for name, value in fields.items():
+            setattr(record, name, value)
+
+
+def add_eviction_events(db: Session, session_id: str, policy: str, records: list[dict]) -> int:
+    """Stores the session memory's eviction records not stored yet (told apart by their time)."""
+    stored = {event.details.get("time") for event in eviction_events(db, session_id) if event.details}
+    new = [record for record in records if record["time"] not in stored]
+    for record in new:
+        db.add(
+            EvictionEvent(
+                session_id=session_id,
+                policy=policy,
+                num_tokens_before=record["tokens_before"],
+                num_tokens_evicted=record["tokens_before"] - record["tokens_after"],
+                details={key: record[key] for key in ("time", "tokens_after", "kept_spans")},
+                created_at=datetime.fromtimestamp(record["time"], UTC),
+            )
+        )
+    return len(new)
+
+
+def eviction_events(db: Session, session_id: str) -> Sequence[EvictionEvent]:
+    query = select(EvictionEvent).where(EvictionEvent.session_id == session_id)
+    return db.scalars(query.order_by(EvictionEvent.created_at, EvictionEvent.id)).all()
+
+
+def _literal_pattern(text: str) -> str:
+    """A LIKE pattern matching `text` anywhere, its % and _ taken literally."""
+    return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"

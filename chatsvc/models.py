@@ -135,6 +135,7 @@ class Message(Base):
     content: Mapped[str] = mapped_column(Text, default="")
     # Sources retrieved for a user message, numbered from 1; stored so later prompts repeat them verbatim.
     context: Mapped[list | None] = mapped_column(JSON)
+    retrieval: Mapped[dict | None] = mapped_column(JSON)  # how they were chosen: intent, window, latency
     status: Mapped[MessageStatus] = mapped_column(default=MessageStatus.done)
     error: Mapped[str | None] = mapped_column(Text)
     finish_reason: Mapped[str | None] = mapped_column(String(16))
@@ -150,22 +151,32 @@ class Message(Base):
 
 
 class SessionKvSnapshot(Base):
-    """A session's KV cache saved to disk by the session memory, to resume without recomputing."""
+    """Where a session's KV was and what it held, as of its last turn or KV action (one row per session):
+    the admin list reads these instead of copying every session's KV out of the pool."""
 
     __tablename__ = "session_kv_snapshots"
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    session_id: Mapped[str] = mapped_column(ForeignKey("chat_sessions.id", ondelete="CASCADE"), index=True)
+    session_id: Mapped[str] = mapped_column(
+        ForeignKey("chat_sessions.id", ondelete="CASCADE"), index=True, unique=True
+    )
     up_to_message_id: Mapped[int | None] = mapped_column(ForeignKey("messages.id", ondelete="SET NULL"))
     model_name: Mapped[str] = mapped_column(String(200))
-    path: Mapped[str] = mapped_column(String(500))  # relative to the data dir
-    num_tokens: Mapped[int]
-    num_bytes: Mapped[int]
+    path: Mapped[str] = mapped_column(String(500))  # the KV file, relative to the data dir
+    location: Mapped[str] = mapped_column(String(8), server_default="none")  # pool, disk or none
+    num_tokens: Mapped[int]  # tokens of the conversation the KV covers
+    cached_tokens: Mapped[int] = mapped_column(server_default="0")  # KV slots held
+    evicted_tokens: Mapped[int] = mapped_column(server_default="0")  # slots dropped by eviction so far
+    blocks: Mapped[int] = mapped_column(server_default="0")
+    num_bytes: Mapped[int]  # of the KV file on disk
+    warning: Mapped[str | None] = mapped_column(Text)  # why a saved KV could not be used
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime | None] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
 class EvictionEvent(Base):
-    """The session memory dropped part of a session's KV to stay within its budget."""
+    """The session memory dropped part of a session's KV to stay within its budget.  created_at is when
+    it happened; details hold tokens_after, kept_spans ([start, end) text positions) and the memory's time."""
 
     __tablename__ = "eviction_events"
 

@@ -1,29 +1,21 @@
-"""Where retrieved sources come from.  The retriever plugs in here; until it does, turns carry none."""
+"""Retrieved sources as a turn carries them: numbered from 1 inside its user message, cited by the reply."""
 
 from dataclasses import dataclass, field
-from typing import Protocol
-
-from chatsvc.models import ChatSession
 
 
 @dataclass
 class Source:
     title: str
     text: str
-    ref: dict = field(default_factory=dict)  # where it came from (document, paragraph), shown with citations
+    ref: dict = field(default_factory=dict)  # where it came from (document, paragraphs), shown with citations
 
 
-class ContextProvider(Protocol):
-    async def build_context(self, query: str, session: ChatSession) -> list[Source]:
-        """Sources for this turn's question, best first (they are numbered from 1 in the prompt).
-
-        `session.knowledge_base_id` names the attached knowledge base (collection f"kb:{id}"), if any."""
-        ...
-
-
-class NoContext:
-    async def build_context(self, query: str, session: ChatSession) -> list[Source]:
-        return []
+@dataclass
+class Retrieval:
+    sources: list[Source]
+    intent: str
+    details: dict  # how the sources were chosen (intent, window, latency), stored with the user message
+    latency_s: float
 
 
 def numbered(sources: list[Source]) -> list[dict]:
@@ -32,11 +24,13 @@ def numbered(sources: list[Source]) -> list[dict]:
 
 
 def citations(context: list[dict], reply: str) -> list[dict]:
+    """Every source of the turn, numbered as in the prompt, with whether the reply cites it as [n]."""
     return [
         {
             "n": source["n"],
             "title": source["title"],
-            "ref": source["ref"],
+            **source["ref"],
+            "text": source["text"],
             "cited": f"[{source['n']}]" in reply,
         }
         for source in context

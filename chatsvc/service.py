@@ -1,20 +1,33 @@
 """The turn flow: a user message becomes a stored user message, a pending reply, a retrieved context, a
-prompt, a streamed reply saved as it grows, and finally usage, citations and metrics.  Engine-agnostic."""
+prompt, a streamed reply saved as it grows, and finally usage, citations and metrics; after the reply, the
+turn is indexed for retrieval and its session's KV recorded.  Engine-agnostic: session-KV steps run only
+where the engine has a session memory.
+
+The methods the API and the UI call for sessions, knowledge bases and the admin page are mixed in from
+service_sessions.py, service_knowledge.py and service_admin.py."""
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from chatsvc import crud, prompts
-from chatsvc.context import ContextProvider, citations, numbered
-from chatsvc.engines import EngineLoader
+from chatsvc.context import citations, numbered
+from chatsvc.engines import EngineLoader, session_memory
 from chatsvc.errors import Conflict, EngineFailed, QueueFull
+from chatsvc.load_monitor import LoadMonitor
 from chatsvc.metrics import ServiceMetrics
 from chatsvc.models import UNFINISHED, ChatSession, Message, MessageStatus, User
+from chatsvc.retrieval import RetrieverContext
+from chatsvc.service_admin import AdminMethods
+from chatsvc.service_knowledge import KnowledgeMethods
+from chatsvc.service_sessions import SessionMethods
 from chatsvc.sessions import make_title
 from chatsvc.turns import Progress, Turn, TurnOptions, TurnResult
 from engine.protocol import EngineClient
@@ -25,28 +38,42 @@ FLUSH_INTERVAL_S = 0.5  # a streaming reply is saved at least this often
 QUEUE_RETRY_AFTER_S = 2
 
 
-class ChatService:
-    """Runs turns for many users at once; every database step runs in a worker thread."""
+@dataclass
+class KvOptions:
+    budget_tokens: int | None  # the session's own budget; None: the session memory's default
+    protected_tokens: int  # the system prompt's tokens, never evicted
+
+
+class ChatService(SessionMethods, KnowledgeMethods, AdminMethods):
+    """Runs turns for many users at once; every database and retriever step runs in a worker thread."""
 
     def __init__(
         self,
         sessions: sessionmaker,
         engines: EngineLoader,
-        context: ContextProvider,
+        retrieval: RetrieverContext,
         metrics: ServiceMetrics,
         *,
         max_active_generations: int,
         default_max_tokens: int,
         replica_id: str,
+        data_dir: Path,
+        max_file_bytes: int,
     ):
         self.sessions = sessions
         self.engines = engines
-        self.context = context
+        self.retrieval = retrieval
         self.metrics = metrics
         self.max_active_generations = max_active_generations
         self.default_max_tokens = default_max_tokens
         self.replica_id = replica_id
-        self.busy_sessions: set[str] = set()  # one reply at a time per session keeps the history linear
+        self.data_dir = data_dir
+        self.max_file_bytes = max_file_bytes
+        self.monitor = LoadMonitor()
+        # One reply at a time per session keeps the history linear; None while the turn is being prepared.
+        self.busy_sessions: dict[str, Turn | None] = {}
+        self.after_turns: dict[str, asyncio.Task] = {}  # indexing and KV records, after the reply
+        self.kv_records = asyncio.Lock()  # one writer of session KV records at a time
 
     async def start_session(
         self,
@@ -114,6 +141,16 @@ class ChatService:
 
         return await self._start(*await self._in_db(prepare), None, options)
 
+    async def stop(self, user: User, session_id: str) -> bool:
+        """Stop the session's generating reply (stored as aborted); False when none was generating."""
+        await self._in_db(crud.find_session, user.id, session_id)
+        turn = self.busy_sessions.get(session_id)
+        if turn is None or not turn.generating:
+            return False
+        turn.cancel()
+        await turn.result()
+        return True
+
     async def read_message(self, user: User, message_id: int) -> Message:
         return await self._in_db(crud.find_message, user.id, message_id)
 
@@ -132,14 +169,18 @@ class ChatService:
             raise Conflict(f"session {session.id} is still generating a reply; wait for it or cancel it")
         engine = self._admit()
         params = self._sampling_params(session, options)
-        self.busy_sessions.add(session.id)
+        self.busy_sessions[session.id] = None
         try:
             turn = await self._store_turn(session, path, content, engine.model_name, started)
-            prompt, sources = await self._prepare(turn, engine, session, path, content, params.max_tokens)
+            prompt, sources, protected = await self._prepare(
+                turn, engine, session, path, content, params.max_tokens
+            )
         except BaseException:
-            self.busy_sessions.discard(session.id)
+            self.busy_sessions.pop(session.id, None)
             raise
-        turn.task = asyncio.create_task(self._generate(turn, engine, prompt, params, sources))
+        kv = KvOptions(session.kv_budget_tokens, protected)
+        turn.task = asyncio.create_task(self._generate(turn, engine, prompt, params, sources, kv))
+        self.busy_sessions[session.id] = turn
         return turn
 
     async def _store_turn(
@@ -162,7 +203,7 @@ class ChatService:
                 status=MessageStatus.pending,
                 replica_id=self.replica_id,
             )
-            return Turn(stored.id, path[-1].id, reply.id, model_name, started)
+            return Turn(stored.id, path[-1].id, reply.id, model_name, started, content, len(path) - 1)
 
         return await self._in_db(store)
 
@@ -174,18 +215,15 @@ class ChatService:
         path: list[Message],
         content: str | None,
         max_tokens: int,
-    ) -> tuple[str, list[dict]]:
-        """This turn's prompt and sources (fetched for a new message, reused when regenerating).
-        If that fails, the stored reply says why."""
-        user_message = path[-1]
+    ) -> tuple[str, list[dict], int]:
+        """This turn's prompt, sources (fetched for a new message, reused when regenerating) and system
+        prompt length in tokens.  If that fails, the stored reply says why."""
         try:
             if content is not None:
-                user_message.context = numbered(await self.context.build_context(content, session)) or None
-                if user_message.context:
-                    await self._in_db(crud.set_context, user_message.id, user_message.context)
+                await self._retrieve(session, path)
             limit = engine.max_model_len - max_tokens
-            prompt = await asyncio.to_thread(
-                prompts.fit_prompt, engine.tokenizer, session.system_prompt, path, limit
+            prompt, protected = await asyncio.to_thread(
+                _render, engine.tokenizer, session.system_prompt, path, limit
             )
         except BaseException as error:
             failure = str(error) if isinstance(error, ValueError) else "preparing the prompt failed"
@@ -194,7 +232,19 @@ class ChatService:
             )
             await asyncio.shield(reply_failed)
             raise
-        return prompt, user_message.context or []
+        return prompt, path[-1].context or [], protected
+
+    async def _retrieve(self, session: ChatSession, path: list[Message]) -> None:
+        """Sources for the new user message (the last of `path`), stored with it."""
+        question = path[-1]
+        try:
+            found = await self.retrieval.build_context(question.content, session, path[:-1])
+        except Exception:  # a reply without sources beats no reply
+            log.exception("retrieving sources for message %s failed", question.id)
+            return
+        self.metrics.retrieval_latency.labels(found.intent).observe(found.latency_s)
+        question.context, question.retrieval = numbered(found.sources) or None, found.details
+        await self._in_db(crud.set_context, question.id, question.context, question.retrieval)
 
     def _sampling_params(self, session: ChatSession, options: TurnOptions) -> SamplingParams:
         temperature = options.temperature if options.temperature is not None else session.temperature
@@ -207,12 +257,20 @@ class ChatService:
         )
 
     async def _generate(
-        self, turn: Turn, engine: EngineClient, prompt: str, params: SamplingParams, sources: list[dict]
+        self,
+        turn: Turn,
+        engine: EngineClient,
+        prompt: str,
+        params: SamplingParams,
+        sources: list[dict],
+        kv: KvOptions,
     ) -> TurnResult:
         progress = Progress(started=turn.started)
         saver = asyncio.create_task(self._save_periodically(turn.reply_id, progress))
         status, error = MessageStatus.done, None
         try:
+            if (memory := session_memory(engine)) is not None:
+                memory.open_session(turn.session_id, kv.budget_tokens, kv.protected_tokens)
             stream = engine.generate(
                 prompt, params, request_id=str(turn.reply_id), session_id=turn.session_id
             )
@@ -236,11 +294,12 @@ class ChatService:
             turn.generating = False
             saver.cancel()
         # Shielded: a second cancel must not keep the finished reply from being stored.
-        return await asyncio.shield(self._finish(turn, progress, status, error, sources))
+        return await asyncio.shield(self._finish(turn, engine, progress, status, error, sources))
 
     async def _finish(
         self,
         turn: Turn,
+        engine: EngineClient,
         progress: Progress,
         status: MessageStatus,
         error: Exception | None,
@@ -262,14 +321,57 @@ class ChatService:
         except Exception:  # the reply stays 'streaming' and is marked interrupted at the next start
             log.exception("storing the finished reply %s failed", turn.reply_id)
         finally:
-            self.busy_sessions.discard(turn.session_id)  # only now may the session's next turn read it
+            self.busy_sessions.pop(turn.session_id, None)  # only now may the session's next turn read it
             turn.pieces.put_nowait(None)
         self._observe(progress, result)
+        self._after_turn_soon(turn, engine, result)
         return result
+
+    def _after_turn_soon(self, turn: Turn, engine: EngineClient, result: TurnResult) -> None:
+        """Index the turn and record its session's KV once the reply is out; a session's in turn order."""
+        previous = self.after_turns.get(turn.session_id)
+        task = asyncio.create_task(self._after_turn(previous, turn, engine, result))
+        self.after_turns[turn.session_id] = task
+        task.add_done_callback(functools.partial(self._after_turn_done, turn.session_id))
+
+    def _after_turn_done(self, session_id: str, task: asyncio.Task) -> None:
+        if self.after_turns.get(session_id) is task:
+            del self.after_turns[session_id]
+
+    async def _after_turn(
+        self, previous: asyncio.Task | None, turn: Turn, engine: EngineClient, result: TurnResult
+    ) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
+        try:
+            if turn.question is not None:
+                await self.retrieval.remember_turn(turn.session_id, turn.position + 1, "user", turn.question)
+            if result.status in (MessageStatus.done, MessageStatus.aborted):
+                await self.retrieval.remember_turn(
+                    turn.session_id, turn.position + 2, "assistant", result.text
+                )
+        except Exception:
+            log.exception("indexing a turn of session %s failed", turn.session_id)
+        if (memory := session_memory(engine)) is not None:
+            try:
+                await self._record_kv(memory, turn.session_id, turn.reply_id)
+            except Exception:
+                log.exception("recording the KV of session %s failed", turn.session_id)
+
+    async def _settle(self, session_id: str) -> None:
+        """Stop the session's reply if one is generating; wait for it and for what follows it."""
+        if session_id in self.busy_sessions and self.busy_sessions[session_id] is None:
+            raise Conflict(f"session {session_id} is starting a reply; try again in a moment")
+        if (turn := self.busy_sessions.get(session_id)) is not None:
+            turn.cancel()
+            await turn.result()
+        if (task := self.after_turns.get(session_id)) is not None:
+            await asyncio.wait([task])
 
     def _observe(self, progress: Progress, result: TurnResult) -> None:
         if progress.first_token_at is not None:
             self.metrics.time_to_first_token.observe(progress.first_token_at - progress.started)
+            self.monitor.record_ttft(progress.first_token_at - progress.started)
         self.metrics.e2e_request_latency.observe(time.perf_counter() - progress.started)
         reason = "error" if result.status == MessageStatus.error else (result.finish_reason or "stop")
         self.metrics.request_success.labels(reason).inc()
@@ -290,6 +392,11 @@ class ChatService:
                 return work(db, *args, **kwargs)
 
         return await asyncio.to_thread(run)
+
+
+def _render(tokenizer, system_prompt: str | None, path: list[Message], limit: int) -> tuple[str, int]:
+    prompt = prompts.fit_prompt(tokenizer, system_prompt, path, limit)
+    return prompt, prompts.system_prefix_tokens(tokenizer, system_prompt)
 
 
 def _check_content(content: str) -> None:

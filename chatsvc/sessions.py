@@ -7,6 +7,7 @@ from sqlalchemy.orm import Session
 from chatsvc import crud
 from chatsvc.errors import Conflict
 from chatsvc.models import ChatSession, User
+from chatsvc.settings import MIN_SESSION_BUDGET_TOKENS
 
 TITLE_LENGTH = 60
 
@@ -34,6 +35,7 @@ def age_group(updated_at: datetime, now: datetime) -> str:
 
 
 def create_session(db: Session, owner: User, **settings) -> ChatSession:
+    _check_kv_budget(settings.get("kv_budget_tokens"))
     if settings.get("knowledge_base_id"):
         crud.find_knowledge_base(db, owner.id, settings["knowledge_base_id"])
     return crud.create_session(db, owner.id, **settings)
@@ -45,9 +47,18 @@ def update_session(db: Session, session: ChatSession, changes: dict) -> ChatSess
     new_prompt = changes.get("system_prompt", session.system_prompt)
     if new_prompt != session.system_prompt and crud.has_messages(db, session.id):
         raise Conflict("the system prompt cannot change once a session has messages; start a new session")
+    _check_kv_budget(changes.get("kv_budget_tokens"))
     if changes.get("knowledge_base_id"):
         crud.find_knowledge_base(db, session.owner_id, changes["knowledge_base_id"])
     for name, value in changes.items():
         setattr(session, name, value)
     db.flush()
     return session
+
+
+def _check_kv_budget(tokens: int | None) -> None:
+    if tokens is not None and tokens < MIN_SESSION_BUDGET_TOKENS:
+        raise ValueError(
+            f"kv_budget_tokens must be at least {MIN_SESSION_BUDGET_TOKENS}: the session memory always "
+            "keeps a session's first and most recent tokens"
+        )

@@ -38,10 +38,21 @@ class TurnResult:
 class Turn:
     """A reply being generated: its stored ids, its text as it streams, then its result."""
 
-    def __init__(self, session_id: str, user_message_id: int, reply_id: int, model_name: str, started: float):
+    def __init__(
+        self,
+        session_id: str,
+        user_message_id: int,
+        reply_id: int,
+        model_name: str,
+        started: float,
+        question: str | None,
+        position: int,
+    ):
         self.session_id = session_id
         self.user_message_id = user_message_id
         self.reply_id = reply_id
+        self.question = question  # the new user message's text; None when regenerating
+        self.position = position  # of the user message in its branch, from 0 (the reply follows it)
         self.model_name = model_name
         self.started = started  # perf_counter when the turn arrived
         self.created = int(time.time())

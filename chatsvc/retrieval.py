@@ -1,0 +1,96 @@
+"""The retriever behind the turn flow: a turn's sources come from its session's knowledge base and from the
+session's own past turns (so a fact that left the session's KV can come back), and every finished turn is
+indexed for later ones.  The retriever is synchronous and CPU-bound: it always runs in a worker thread."""
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from chatsvc.context import Retrieval, Source
+from chatsvc.models import ChatSession, Message
+from memory.retrieval import Context, Passage, Retriever
+
+log = logging.getLogger(__name__)
+RECENT_MESSAGES = 4  # the latest messages tell a follow-up ("why?") what it is about
+
+
+def session_collection(session_id: str) -> str:
+    return f"session:{session_id}"
+
+
+def collections_for(session: ChatSession) -> list[str]:
+    kb = [f"kb:{session.knowledge_base_id}"] if session.knowledge_base_id else []
+    return [*kb, session_collection(session.id)]
+
+
+class RetrieverContext:
+    def __init__(self, retriever: Retriever, budget_tokens: int):
+        self.retriever = retriever
+        self.budget_tokens = budget_tokens
+
+    def warm_up(self) -> None:
+        """Load the embedding model in a thread now, so the first question does not wait for it."""
+        threading.Thread(target=self._encode_once, name="retriever-warm-up", daemon=True).start()
+
+    def _encode_once(self) -> None:
+        try:
+            self.retriever.encoder.encode_query("warm up")
+        except Exception:
+            log.exception("the embedding model failed to load; retrieval will fail until it does")
+
+    async def build_context(self, query: str, session: ChatSession, history: Sequence[Message]) -> Retrieval:
+        """Sources for `query`, best first; `history` is the branch before the new message."""
+        recent = [f"{m.role}: {m.content}" for m in history[-RECENT_MESSAGES:] if m.content]
+        collections = collections_for(session)
+        started = time.perf_counter()
+        context = await asyncio.to_thread(
+            self.retriever.build_context, query, collections, recent, self.budget_tokens
+        )
+        latency_s = time.perf_counter() - started
+        # The latest turns are in the prompt already; a passage repeating one of them adds nothing.
+        passages = [p for p in context.passages if not any(p.text in turn for turn in recent)]
+        sources = [_source(passage) for passage in passages]
+        details = _details(context, passages, collections, latency_s)
+        return Retrieval(sources, context.intent, details, latency_s)
+
+    async def remember_turn(self, session_id: str, turn_number: int, role: str, text: str) -> None:
+        if text.strip():
+            collection = session_collection(session_id)
+            await asyncio.to_thread(self.retriever.add_turn, collection, turn_number, role, text)
+
+    async def forget(self, collection: str) -> None:
+        await asyncio.to_thread(self.retriever.delete_collection, collection)
+
+
+def _source(passage: Passage) -> Source:
+    ref = {
+        "document_id": passage.document_id,
+        "paragraph_ids": passage.paragraph_ids,
+        "heading": passage.heading,
+    }
+    return Source(passage.document_name, passage.text, ref)
+
+
+def _details(context: Context, passages: list[Passage], collections: list[str], latency_s: float) -> dict:
+    return {
+        "intent": context.intent,
+        "intent_reason": context.intent_reason,
+        "collections": collections,
+        "budget_tokens": context.budget_tokens,
+        "num_tokens": context.num_tokens,
+        "latency_ms": round(latency_s * 1000, 1),
+        "turns": len(context.turns),
+        "passages": [
+            {
+                "n": n,
+                "document_name": p.document_name,
+                "paragraph_ids": p.paragraph_ids,
+                "reason": p.reason,
+                "score": p.score,
+                "num_tokens": p.num_tokens,
+            }
+            for n, p in enumerate(passages, start=1)
+        ],
+    }

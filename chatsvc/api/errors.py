@@ -1,5 +1,7 @@
 """The HTTP layer's view of failures: every error is JSON in OpenAI's shape, never a stack trace."""
 
+import re
+
 from fastapi import FastAPI, Request
 from fastapi import HTTPException as FastAPIHTTPException
 from fastapi.exceptions import RequestValidationError
@@ -7,7 +9,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from chatsvc.errors import Conflict, EngineFailed, EngineUnavailable, Forbidden, NotFound, QueueFull
+from chatsvc.errors import (
+    Conflict,
+    EngineFailed,
+    EngineUnavailable,
+    Forbidden,
+    NotAvailable,
+    NotFound,
+    QueueFull,
+)
 
 LIMITED_PREFIXES = ("/v1/", "/api/")
 
@@ -20,6 +30,7 @@ ERROR_TYPES = {
     413: "request_too_large",
     422: "invalid_request_error",
     429: "rate_limit_error",
+    501: "not_implemented",
     503: "service_unavailable",
 }
 
@@ -63,6 +74,9 @@ def install_error_handlers(app: FastAPI) -> None:
         headers = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s else None
         return error_response(503, str(error), headers)
 
+    async def not_available(request: Request, error: NotAvailable) -> JSONResponse:
+        return error_response(501, str(error))
+
     async def engine_failed(request: Request, error: EngineFailed) -> JSONResponse:
         return error_response(500, f"{error}; the server log has the details")
 
@@ -79,6 +93,7 @@ def install_error_handlers(app: FastAPI) -> None:
         (ValueError, bad_value),
         (QueueFull, queue_full),
         (EngineUnavailable, unavailable),
+        (NotAvailable, not_available),
         (EngineFailed, engine_failed),
         (Exception, unexpected),
     ]:
@@ -93,32 +108,33 @@ def _describe(problem: dict) -> str:
 
 
 class BodySizeLimit:
-    """Refuses request bodies over `max_bytes` on /v1 and /api with 413, before they are read whole."""
+    """Refuses request bodies over `max_bytes` on /v1 and /api with 413, before they are read whole;
+    `larger` gives paths (regular expressions, e.g. uploads) limits of their own."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    def __init__(self, app: ASGIApp, max_bytes: int, larger: dict[str, int]):
         self.app = app
         self.max_bytes = max_bytes
+        self.larger = [(re.compile(path), limit) for path, limit in larger.items()]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(LIMITED_PREFIXES):
             return await self.app(scope, receive, send)
+        limit = next((n for path, n in self.larger if path.fullmatch(scope["path"])), self.max_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._refuse(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return await error_response(413, _too_large(limit))(scope, receive, send)
         received = 0
 
         async def counting_receive() -> Message:
             nonlocal received
             message = await receive()
             received += len(message.get("body", b""))
-            if received > self.max_bytes:
-                raise FastAPIHTTPException(413, self._too_large())
+            if received > limit:
+                raise FastAPIHTTPException(413, _too_large(limit))
             return message
 
         await self.app(scope, counting_receive, send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await error_response(413, self._too_large())(scope, receive, send)
 
-    def _too_large(self) -> str:
-        return f"the request body is larger than the limit of {self.max_bytes} bytes"
+def _too_large(limit: int) -> str:
+    return f"the request body is larger than the limit of {limit} bytes"

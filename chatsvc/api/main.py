@@ -1,22 +1,25 @@
-"""The API application: database ready, first admin, crash recovery, engine loading, routes."""
+"""The API application: database ready, first admin, crash recovery, engine and retriever loading, routes."""
 
 import logging
 import sys
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
+from transformers import AutoTokenizer
 
 from chatsvc import crud
 from chatsvc.api.errors import BodySizeLimit, install_error_handlers
 from chatsvc.api.routes import account, admin, chat, knowledge_bases, messages, sessions, system
-from chatsvc.context import NoContext
 from chatsvc.db import create_db_engine, hold_startup_lock, migrate, session_factory
 from chatsvc.engines import EngineLoader
 from chatsvc.metrics import ServiceMetrics
 from chatsvc.models import User
+from chatsvc.retrieval import RetrieverContext
 from chatsvc.service import ChatService
 from chatsvc.settings import Settings
+from memory.retrieval import Retriever
 
 log = logging.getLogger(__name__)
 ROUTERS = [chat, sessions, messages, knowledge_bases, account, admin, system]
@@ -35,31 +38,51 @@ def create_api(settings: Settings) -> FastAPI:
             log.warning(
                 "marked %d replies interrupted: the server stopped while generating them", interrupted
             )
+    retrieval = _retrieval(database, settings)
     service = ChatService(
         sessions,
         engines,
-        NoContext(),
-        ServiceMetrics(engines.stats),
+        retrieval,
+        ServiceMetrics(engines.stats, engines.memory_stats),
         max_active_generations=settings.max_active_generations,
         default_max_tokens=settings.default_max_tokens,
         replica_id=settings.replica_id,
+        data_dir=settings.data_path(),
+        max_file_bytes=settings.max_file_bytes,
     )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engines.start()  # in a thread: /health answers 503 until the model is loaded
+        retrieval.warm_up()  # the embedding model, in a thread too
         yield
-        engines.shutdown()
+        engines.shutdown()  # writes the sessions' KV to disk
+        retrieval.retriever.close()  # and the retrieval indexes' snapshots
         database.dispose()
 
     app = FastAPI(title="kvchat", lifespan=lifespan)
     app.state.service = service
     app.state.first_admin = first_admin
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_request_bytes,
+        larger={knowledge_bases.UPLOAD_PATH: settings.max_upload_bytes},
+    )
     install_error_handlers(app)
     for module in ROUTERS:
         app.include_router(module.router)
     return app
+
+
+def _retrieval(database: Engine, settings: Settings) -> RetrieverContext:
+    """One retriever for the app; its budgets count tokens with the chat model's tokenizer."""
+    tokenizer = AutoTokenizer.from_pretrained(settings.model_path())
+
+    def count_tokens(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    retriever = Retriever(database, settings.data_path(), count_tokens)
+    return RetrieverContext(retriever, settings.context_budget_tokens)
 
 
 def _first_admin(db: Session, settings: Settings) -> User:

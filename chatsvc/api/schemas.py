@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 from chatsvc.models import MessageStatus, Role, utcnow
 from chatsvc.sessions import age_group
 from chatsvc.turns import TurnOptions
+from chatsvc.views import KvState, SessionKvRow
+from memory.retrieval import Document, Hit, Passage, Rejected
 
 Title = Annotated[str, Field(min_length=1, max_length=200)]
 SystemPrompt = Annotated[str, Field(max_length=50_000)]
@@ -89,6 +91,34 @@ class KnowledgeBaseList(BaseModel):
     count: int
 
 
+class DocumentList(BaseModel):
+    data: list[Document]  # with its paragraph count
+    count: int
+
+
+class UploadResponse(BaseModel):
+    added: list[Document]
+    rejected: list[Rejected]  # each file that did not go in, with the reason
+
+
+class QueryRequest(Strict):
+    query: str = Field(min_length=1, max_length=2000)
+    k: int = Field(5, ge=1, le=50)
+
+
+class QueryPreviewPublic(FromRow):
+    """What a turn asking this would get: the intent, the window (passages within the budget), and the
+    k best paragraphs with their scores."""
+
+    intent: str
+    intent_reason: str
+    budget_tokens: int
+    num_tokens: int
+    latency_ms: float
+    passages: list[Passage]
+    hits: list[Hit]
+
+
 # --- sessions and messages ---
 
 
@@ -142,6 +172,7 @@ class MessagePublic(FromRow):
     role: str
     content: str
     context: list[dict] | None  # the sources that traveled with a user message
+    retrieval: dict | None  # how they were chosen: intent, window, latency
     status: MessageStatus
     error: str | None
     finish_reason: str | None
@@ -186,6 +217,35 @@ class EditRequest(GenerationOptions):
 class TurnPublic(BaseModel):
     session_id: str
     reply: MessagePublic
+
+
+class StopResult(BaseModel):
+    stopped: bool  # False: no reply was generating
+
+
+# --- admin: session KV ---
+
+
+class SessionKvList(BaseModel):
+    data: list[SessionKvRow]
+    count: int  # all matches, beyond this page too
+
+
+class EvictionEventPublic(FromRow):
+    id: int
+    created_at: datetime
+    policy: str
+    num_tokens_before: int
+    num_tokens_evicted: int
+    details: dict | None  # tokens_after, kept_spans ([start, end) text positions), time
+
+
+class SessionKvDetailPublic(FromRow):
+    session: SessionPublic
+    owner: str
+    messages: list[MessagePublic]  # the active branch, with each user message's retrieval
+    kv: KvState
+    eviction_events: list[EvictionEventPublic]
 
 
 class Health(BaseModel):

@@ -1,11 +1,22 @@
-"""Admin routes: users, and every user's sessions.  Non-admins get 403."""
+"""Admin routes: users, every user's sessions, sessions' KV and the engine panel.  Non-admins get 403."""
+
+from typing import Literal
 
 from fastapi import APIRouter, Depends, Query
 
 from chatsvc import crud
-from chatsvc.api.deps import AdminUser, DbDep, require_admin
-from chatsvc.api.schemas import Detail, SessionDetail, SessionList, UserCreate, UserCreated, UserList
-from chatsvc.errors import Conflict
+from chatsvc.api.deps import AdminUser, DbDep, ServiceDep, require_admin
+from chatsvc.api.schemas import (
+    Detail,
+    SessionDetail,
+    SessionKvDetailPublic,
+    SessionKvList,
+    SessionList,
+    UserCreate,
+    UserCreated,
+    UserList,
+)
+from chatsvc.views import EnginePanel
 
 router = APIRouter(prefix="/api/admin", tags=["admin"], dependencies=[Depends(require_admin)])
 
@@ -27,11 +38,9 @@ def create_user(body: UserCreate, db: DbDep) -> UserCreated:
 
 
 @router.delete("/users/{user_id}", response_model=Detail)
-def delete_user(user_id: int, admin: AdminUser, db: DbDep) -> Detail:
-    """Deletes the user with all their sessions, messages and knowledge bases."""
-    if user_id == admin.id:
-        raise Conflict("admins cannot delete themselves")
-    crud.delete_user(db, user_id)
+async def delete_user(user_id: int, admin: AdminUser, service: ServiceDep) -> Detail:
+    """Deletes the user with all their sessions, messages and knowledge bases, and their sessions' KV."""
+    await service.delete_user(admin, user_id)
     return Detail(detail=f"user {user_id} deleted")
 
 
@@ -51,3 +60,38 @@ def list_all_sessions(
 def inspect_session(session_id: str, db: DbDep) -> SessionDetail:
     session = crud.find_any_session(db, session_id)
     return SessionDetail.of(session, crud.branch(db, session.id))
+
+
+@router.get("/kv/sessions", response_model=SessionKvList)
+async def list_sessions_kv(
+    admin: AdminUser,
+    service: ServiceDep,
+    owner: str | None = Query(None, max_length=64, description="part of the owner's name"),
+    title: str | None = Query(None, max_length=200, description="part of the title"),
+    limit: int = Query(100, ge=1, le=500),
+    offset: int = Query(0, ge=0),
+) -> SessionKvList:
+    """Every session with its owner, turns, tokens and KV (as of its last turn or KV action)."""
+    rows, total = await service.admin_sessions(admin, owner, title, limit, offset)
+    return SessionKvList(data=rows, count=total)
+
+
+@router.get("/kv/sessions/{session_id}", response_model=SessionKvDetailPublic)
+async def session_kv(session_id: str, admin: AdminUser, service: ServiceDep):
+    """The session's conversation, its KV now (positions and importance of the kept tokens) and evictions."""
+    return await service.admin_session_kv(admin, session_id)
+
+
+@router.post("/kv/sessions/{session_id}/{action}", response_model=SessionKvDetailPublic)
+async def session_kv_action(
+    session_id: str, action: Literal["persist", "evict", "drop"], admin: AdminUser, service: ServiceDep
+):
+    """persist: write the KV to disk; evict: move it out of the pool onto disk; drop: forget it."""
+    return await service.admin_kv_action(admin, session_id, action)
+
+
+@router.get("/engine", response_model=EnginePanel)
+async def engine_panel(admin: AdminUser, service: ServiceDep) -> EnginePanel:
+    """Requests, KV pool, prefix-cache hit rate, throughput and time to first token over a recent window,
+    and the session memory's counters."""
+    return await service.engine_panel(admin)

@@ -3,7 +3,7 @@
 from fastapi import APIRouter, Query
 
 from chatsvc import crud, sessions
-from chatsvc.api.deps import CurrentUser, DbDep, OwnedSession
+from chatsvc.api.deps import CurrentUser, DbDep, OwnedSession, ServiceDep
 from chatsvc.api.schemas import (
     Detail,
     MessageList,
@@ -13,6 +13,7 @@ from chatsvc.api.schemas import (
     SessionList,
     SessionPublic,
     SessionUpdate,
+    StopResult,
 )
 
 router = APIRouter(prefix="/api/sessions", tags=["sessions"])
@@ -48,9 +49,16 @@ def update_session(body: SessionUpdate, session: OwnedSession, db: DbDep):
 
 
 @router.delete("/{session_id}", response_model=Detail)
-def delete_session(session: OwnedSession, db: DbDep) -> Detail:
-    crud.delete_session(db, session)
-    return Detail(detail=f"session {session.id} deleted")
+async def delete_session(session_id: str, user: CurrentUser, service: ServiceDep) -> Detail:
+    """With its messages, its KV (in the pool and on disk) and its indexed past turns."""
+    await service.delete_session(user, session_id)
+    return Detail(detail=f"session {session_id} deleted")
+
+
+@router.post("/{session_id}/stop", response_model=StopResult)
+async def stop(session_id: str, user: CurrentUser, service: ServiceDep) -> StopResult:
+    """Stop the reply generating in this session; it is stored as aborted with its text so far."""
+    return StopResult(stopped=await service.stop(user, session_id))
 
 
 @router.get("/{session_id}/messages", response_model=MessageList)

@@ -11,10 +11,12 @@ import uuid
 from pathlib import Path
 
 import httpx
+import openai
 import psycopg
 import pytest
 import uvicorn
 
+from chatsvc.api.main import create_api
 from chatsvc.settings import Settings
 
 ADMIN_KEY = "kvc-test-admin-key"
@@ -109,12 +111,11 @@ def wait_healthy(url: str, timeout_s: float = 180, process: subprocess.Popen | N
 
 
 class LiveServer:
-    """The whole app (API and UI) under uvicorn on 127.0.0.1 in a thread of the test process."""
+    """The API app under uvicorn on 127.0.0.1 in a thread of the test process (the UI has its own tests)."""
 
     def __init__(self, settings: Settings):
-        from app import build_app
-
-        self.app = build_app(settings)
+        self.app = create_api(settings)
+        self.data_dir = settings.data_path()
         self.url = f"http://127.0.0.1:{settings.port}"
         config = uvicorn.Config(
             self.app, host="127.0.0.1", port=settings.port, log_level="warning", timeout_graceful_shutdown=2
@@ -136,8 +137,34 @@ class LiveServer:
         self.thread.join(timeout=30)
 
     def wait_idle(self, timeout_s: float = 60) -> None:
-        """Until no reply is generating (earlier tests' aborts included)."""
+        """Until no reply is generating (earlier tests' aborts included) and every finished turn is indexed
+        and its KV recorded."""
         deadline = time.monotonic() + timeout_s
-        while self.service.busy_sessions:
+        while self.service.busy_sessions or self.service.after_turns:
             assert time.monotonic() < deadline, "replies still generating"
             time.sleep(0.05)
+
+    def rest(self, method: str, path: str, key: str = ADMIN_KEY, **kwargs) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.request(method, f"{self.url}{path}", headers=headers, timeout=120, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, smollm2_dir):
+    """One live server for the API, knowledge-base and session-KV tests (starting one takes a while).
+    Two generations at most (the 429 test), and small upload limits (the upload tests)."""
+    settings = server_settings(
+        tmp_path_factory.mktemp("api"),
+        smollm2_dir,
+        max_active_generations=2,
+        max_file_bytes=4000,
+        max_upload_bytes=64_000,
+    )
+    with LiveServer(settings) as live:
+        yield live
+
+
+@pytest.fixture
+def client(server) -> openai.OpenAI:
+    server.wait_idle()
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=ADMIN_KEY, max_retries=0)

@@ -1,5 +1,6 @@
 """The ownership matrix: anonymous, user A, user B and the admin against every kind of route, on SQLite and
-Postgres.  The engine is never loaded here, so a request that passes every check ends in 503."""
+Postgres.  The engine is never loaded here, so a request that passes every check and needs it ends in 503
+(the retriever works without it)."""
 
 import pytest
 from fastapi.testclient import TestClient
@@ -13,7 +14,8 @@ CALLERS = ["anonymous", "B", "admin", "A"]  # A last: some of A's calls change w
 
 @pytest.fixture
 def world(db_url, tmp_path, smollm2_dir):
-    """A's session with a question and a reply, A's knowledge base, and keys for A, B and the admin."""
+    """A's session with a question and a reply, A's knowledge base with a document, and keys for A, B and
+    the admin."""
     app = create_api(server_settings(tmp_path, smollm2_dir, db_url=db_url))
     client = TestClient(app)  # no lifespan: the engine stays unloaded
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -25,15 +27,21 @@ def world(db_url, tmp_path, smollm2_dir):
     as_a = {"Authorization": f"Bearer {keys['A']}"}
     session_id = client.post("/api/sessions", json={"title": "A's plans"}, headers=as_a).json()["id"]
     kb_id = client.post("/api/knowledge-bases", json={"name": "A's manuals"}, headers=as_a).json()["id"]
+    upload = client.post(f"/api/knowledge-bases/{kb_id}/documents", files=[DOCUMENT], headers=as_a).json()
+    document_id = upload["added"][0]["id"]
     key_id = client.get("/api/keys", headers=as_a).json()["data"][0]["id"]
     with app.state.service.sessions.begin() as db:
         session = crud.find_any_session(db, session_id)
         question = crud.add_message(db, session, None, "user", "secret question")
         reply = crud.add_message(db, session, question.id, "assistant", "secret answer")
-        ids = dict(session=session_id, question=question.id, reply=reply.id, kb=kb_id, key=key_id)
+        ids = dict(
+            session=session_id, question=question.id, reply=reply.id, kb=kb_id, doc=document_id, key=key_id
+        )
     yield client, keys, ids
     app.state.service.sessions.kw["bind"].dispose()  # what the lifespan would do at shutdown
 
+
+DOCUMENT = ("files", ("manual.txt", b"Press the red button to start the machine.", "text/plain"))
 
 # (method, path, body, expected status for anonymous, B, admin, A)
 ROUTES = [
@@ -45,12 +53,21 @@ ROUTES = [
     ("POST", "/api/messages/{reply}/regenerate", {}, (401, 404, 404, 503)),
     ("POST", "/api/messages/{question}/edit", {"content": "other question"}, (401, 404, 404, 503)),
     ("POST", "/v1/chat/completions", "continue", (401, 404, 404, 503)),
+    ("POST", "/api/sessions/{session}/stop", None, (401, 404, 404, 200)),
     ("GET", "/api/knowledge-bases/{kb}", None, (401, 404, 404, 200)),
+    ("GET", "/api/knowledge-bases/{kb}/documents", None, (401, 404, 404, 200)),
+    ("POST", "/api/knowledge-bases/{kb}/documents", "upload", (401, 404, 404, 200)),
+    ("POST", "/api/knowledge-bases/{kb}/query", {"query": "red button?"}, (401, 404, 404, 200)),
+    ("DELETE", "/api/knowledge-bases/{kb}/documents/{doc}", None, (401, 404, 404, 200)),
     ("DELETE", "/api/keys/{key}", None, (401, 404, 404, 200)),
     ("GET", "/api/admin/users", None, (401, 403, 200, 403)),
     ("GET", "/api/admin/sessions", None, (401, 403, 200, 403)),
     ("GET", "/api/admin/sessions/{session}", None, (401, 403, 200, 403)),
     ("POST", "/api/admin/users", {"username": "C"}, (401, 403, 201, 403)),
+    ("GET", "/api/admin/kv/sessions", None, (401, 403, 200, 403)),
+    ("GET", "/api/admin/kv/sessions/{session}", None, (401, 403, 200, 403)),
+    ("POST", "/api/admin/kv/sessions/{session}/persist", None, (401, 403, 503, 403)),
+    ("GET", "/api/admin/engine", None, (401, 403, 200, 403)),
     ("DELETE", "/api/knowledge-bases/{kb}", None, (401, 404, 404, 200)),
     ("DELETE", "/api/sessions/{session}", None, (401, 404, 404, 200)),
 ]
@@ -65,7 +82,11 @@ def test_ownership_matrix(world, method, path, body, expected):
         body = {"messages": [{"role": "user", "content": "and then?"}], "session_id": ids["session"]}
     for caller, status in zip(CALLERS, expected, strict=True):
         headers = {"Authorization": f"Bearer {keys[caller]}"} if keys[caller] else {}
-        response = client.request(method, path.format(**ids), json=body, headers=headers)
+        if body == "upload":
+            upload = [("files", (f"by-{caller}.txt", b"Some notes.", "text/plain"))]
+            response = client.request(method, path.format(**ids), files=upload, headers=headers)
+        else:
+            response = client.request(method, path.format(**ids), json=body, headers=headers)
         assert response.status_code == status, f"{caller}: {response.status_code} {response.text}"
         assert "error" in response.json() or status < 400
 

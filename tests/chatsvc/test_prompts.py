@@ -40,13 +40,12 @@ def test_each_prompt_extends_the_previous_prompt_and_reply_sources_included(toke
         prompt = fit_prompt(tokenizer, "Be brief.", path, LIMIT)
         if previous is not None:
             assert prompt.startswith(previous)
-        assert "[1] Manual\nPress the red button to start." in prompt
+        assert "How do I start it?\n\nSources:\n[1] Press the red button to start.\n\n" in prompt
         if answer is not None:
             path.append(answer)
             previous = prompt + answer.content
-    assert prompt.count("[2] Terms") == 1 and prompt.index("[1] FAQ") > prompt.index(
-        "Press the red button [1]."
-    )
+    assert prompt.count("[2] No refunds after a year.") == 1
+    assert prompt.index("[1] Refunds take five days.") > prompt.index("Press the red button [1].")
 
 
 def test_a_session_longer_than_the_context_drops_its_oldest_turns_only(tokenizer):

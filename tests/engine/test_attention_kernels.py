@@ -62,5 +62,5 @@ def test_the_engine_uses_the_kernels_and_the_torch_path_gives_the_same_tokens(sm
     llm = LLM(str(smollm2_dir), dtype="float32", num_kv_blocks=512)
     assert llm.engine.runner.model.kernels is not None
     llm.engine.runner.model.kernels = None  # what a CUDA device (or a machine without a compiler) runs
-    outputs = llm.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=24))
-    assert [o.outputs[0].token_ids for o in outputs] == expected[:4]
+    outputs = llm.generate(prompts[:3], SamplingParams(temperature=0, max_tokens=24))
+    assert [o.outputs[0].token_ids for o in outputs] == expected[:3]

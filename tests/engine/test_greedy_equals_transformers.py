@@ -29,8 +29,9 @@ def test_batch_of_prompts_equals_transformers(model_dirs, oracle, model):
 @pytest.mark.parametrize("budget", [1, 4, 16])
 def test_chunked_prefill_equals_transformers(model_dirs, oracle, model, budget):
     prompts, expected = oracle(model, MAX_NEW)
-    if model == "smollm2" and budget == 1:
-        prompts, expected = prompts[:3], expected[:3]  # one token per step is slow with real weights
+    if model == "smollm2":  # few tokens per step are slow with real weights: fewer prompts, still mixed lengths
+        count = 2 if budget == 1 else 4
+        prompts, expected = prompts[:count], expected[:count]
     _, tokens = run(model_dirs[model], prompts, num_kv_blocks=512, max_num_batched_tokens=budget)
     assert tokens == expected
 

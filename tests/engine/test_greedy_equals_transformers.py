@@ -29,7 +29,7 @@ def test_batch_of_prompts_equals_transformers(model_dirs, oracle, model):
 @pytest.mark.parametrize("budget", [1, 4, 16])
 def test_chunked_prefill_equals_transformers(model_dirs, oracle, model, budget):
     prompts, expected = oracle(model, MAX_NEW)
-    if model == "smollm2":  # few tokens per step are slow with real weights: fewer prompts, still mixed lengths
+    if model == "smollm2":  # few tokens per step are slow with real weights: fewer (still mixed) prompts
         count = 2 if budget == 1 else 4
         prompts, expected = prompts[:count], expected[:count]
     _, tokens = run(model_dirs[model], prompts, num_kv_blocks=512, max_num_batched_tokens=budget)

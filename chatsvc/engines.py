@@ -16,7 +16,11 @@ LOADING_RETRY_AFTER_S = 10
 
 
 def build_engine(settings: Settings) -> EngineClient:
-    """The one place that constructs the engine: the native engine under the session memory."""
+    """The one place that constructs the engine: ours under the session memory, or vLLM's."""
+    if settings.engine == "vllm":
+        from engine.vllm_backend import VllmEngine  # imports vllm: only where it is installed
+
+        return VllmEngine(settings.model_path(), settings.vllm_options())
     return SessionMemory(AsyncEngine(settings.engine_config()), settings.memory_config())
 
 

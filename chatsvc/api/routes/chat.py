@@ -34,6 +34,8 @@ SSE = {200: {"content": {"text/event-stream": {}}, "description": "with stream=t
 async def chat_completions(
     body: ChatCompletionRequest, user: CurrentUser, service: ServiceDep, request: Request
 ):
+    # The header lets a load balancer route a session to the replica holding its KV (docs/scale-out.md).
+    body.session_id = body.session_id or request.headers.get("x-session-id")
     turn = await _start_turn(service, user, body)
     if body.stream:
         return StreamingResponse(_sse(turn, body.include_usage), media_type="text/event-stream")

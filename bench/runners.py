@@ -23,10 +23,12 @@ class Timing:
 
 
 class OursRunner:
-    def __init__(self, model: str, dtype: str, policy: str = "fcfs"):
+    def __init__(self, model: str, dtype: str, policy: str = "fcfs", max_num_seqs: int = 64):
         from engine.config import EngineConfig
 
-        self.config = EngineConfig(model=model, dtype=dtype, scheduling_policy=policy)
+        self.config = EngineConfig(
+            model=model, dtype=dtype, scheduling_policy=policy, max_num_seqs=max_num_seqs
+        )
         self.engine = None
         self.ids = itertools.count()
 
@@ -64,11 +66,18 @@ class OursRunner:
 
 
 class VllmRunner:
-    def __init__(self, model: str, dtype: str, policy: str = "fcfs"):
+    def __init__(self, model: str, dtype: str, policy: str = "fcfs", max_num_seqs: int = 64):
         from vllm import SamplingParams
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        self.args = dict(model=model, dtype=dtype, enable_prefix_caching=True, max_model_len=4096, seed=0)
+        self.args = dict(
+            model=model,
+            dtype=dtype,
+            enable_prefix_caching=True,
+            max_model_len=4096,
+            seed=0,
+            max_num_seqs=max_num_seqs,
+        )
         self.sampling = SamplingParams
         self.engine_args = AsyncEngineArgs(**self.args)
         self.engine = None
@@ -111,7 +120,7 @@ class VllmRunner:
 class TransformersRunner:
     """transformers' generate: batched and left-padded offline; one request at a time when streaming."""
 
-    def __init__(self, model: str, dtype: str, policy: str = "fcfs"):
+    def __init__(self, model: str, dtype: str, policy: str = "fcfs", max_num_seqs: int = 64):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

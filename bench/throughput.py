@@ -77,7 +77,8 @@ def worker(args) -> dict:
     if "mixed" in args.scenarios and args.engine != "transformers":
         policies = ["fcfs", "short_first"] if args.engine == "ours" else ["fcfs"]
         for policy in policies:
-            runner = runner_class(args.model, args.dtype, policy)
+            # A server sized for 16 sequences at once: beyond that requests queue, and the policy decides.
+            runner = runner_class(args.model, args.dtype, policy, max_num_seqs=16)
             timings = asyncio.run(
                 replay(runner, workloads.mixed(tokenizer, args.mixed_requests, args.mixed_rate))
             )

@@ -1,57 +1,65 @@
 """kvchat: one server for the chat UI, the API and metrics.  python app.py --help lists the settings."""
 
 import sys
+from pathlib import Path
 
 import gradio as gr
 import uvicorn
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import SQLAlchemyError
 
 from chatsvc.api.main import create_api
 from chatsvc.db import redacted
-from chatsvc.errors import EngineUnavailable, QueueFull
-from chatsvc.models import User
 from chatsvc.service import ChatService
 from chatsvc.settings import Settings, settings_from_cli
-from chatsvc.turns import TurnOptions
+from chatsvc.ui.admin_page import admin_page
+from chatsvc.ui.chat_page import chat_page
+from chatsvc.ui.identity import Identity
+from chatsvc.ui.knowledge_page import knowledge_page
+from chatsvc.ui.theme import theme
 from engine.model_files import ModelLoadError
 
-UI_OPTIONS = TurnOptions(max_tokens=256, temperature=0)
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+STATIC_URL = "/kvchat-static"  # Gradio serves its own files under /static
+LOGIN_MESSAGE = "Log in with your kvchat account. The first admin is 'admin', password from --admin-password."
 
 
-def build_ui(service: ChatService, user: User) -> gr.Blocks:
-    """The minimal chat page; its chats are stored sessions of `user` (logins come with the full UI)."""
-
-    async def respond(message: str, history: list[dict], session_id: str | None):
-        try:
-            if history and session_id:
-                turn = await service.send(user, session_id, message, UI_OPTIONS)
-            else:
-                turn = await service.start_session(user, message, UI_OPTIONS)
-        except (ValueError, LookupError, QueueFull, EngineUnavailable) as error:
-            raise gr.Error(str(error)) from None
-        reply = ""
-        try:
-            async for piece in turn.stream():
-                reply += piece
-                yield reply, turn.session_id
-        finally:
-            turn.cancel()  # the user pressed stop or left: the reply is stored as aborted
-        if (result := await turn.result()).error:
-            raise gr.Error(str(result.error))
-
-    with gr.Blocks(title="kvchat") as demo:
-        session_id = gr.State(None)
-        gr.ChatInterface(
-            respond, title="kvchat", additional_inputs=[session_id], additional_outputs=[session_id]
-        )
-    return demo
+def build_ui(service: ChatService, identity: Identity) -> gr.Blocks:
+    """The pages, one module each; every handler knows its user from the login.  Pages are built before
+    they are placed: a Blocks made inside another one would be laid out twice."""
+    chat = chat_page(service, identity)
+    knowledge = knowledge_page(service, identity)
+    admin = admin_page(service, identity)
+    with gr.Blocks(title="kvchat") as ui:
+        gr.Navbar(main_page_name="Chat")
+        chat.render()
+    for name, path, page in (("Knowledge bases", "/knowledge", knowledge), ("Admin", "/admin", admin)):
+        with ui.route(name, path):
+            gr.Navbar(main_page_name="Chat")
+            page.render()
+    return ui
 
 
 def build_app(settings: Settings) -> FastAPI:
     """The whole server (API, metrics, UI at /); raises ModelLoadError or SQLAlchemyError on bad settings."""
     app = create_api(settings)
-    return gr.mount_gradio_app(app, build_ui(app.state.service, app.state.first_admin), path="/")
+    app.mount(STATIC_URL, StaticFiles(directory=STATIC_DIR), name="kvchat-static")
+    identity = Identity(app.state.service)
+    return gr.mount_gradio_app(
+        app,
+        build_ui(app.state.service, identity),
+        path="/",
+        auth=identity.login,
+        auth_message=LOGIN_MESSAGE,
+        show_error=False,
+        footer_links=[],
+        theme=theme(),
+        css_paths=[STATIC_DIR / "kvchat.css"],
+        head_paths=[STATIC_DIR / "head.html"],
+        favicon_path=STATIC_DIR / "favicon.svg",
+        max_file_size=settings.max_file_bytes,
+    )
 
 
 def main() -> None:

@@ -56,10 +56,9 @@ class BlockManager:
 
     def record_prefix_lookup(self, seq: Sequence) -> None:
         """Count a sequence's first successful start in the hit-rate figures."""
-        if seq.num_cached_tokens < 0:
-            seq.num_cached_tokens = seq.num_computed_tokens
-            self.prefix_queries += seq.num_prompt_tokens
-            self.prefix_hits += seq.num_computed_tokens
+        seq.num_cached_tokens = seq.num_computed_tokens
+        self.prefix_queries += seq.num_prompt_tokens
+        self.prefix_hits += seq.num_computed_tokens
 
     def match_prefix(self, token_ids: list[int]) -> list[Block]:
         if not self.enable_prefix_caching:

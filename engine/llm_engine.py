@@ -49,7 +49,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(model, num_blocks, config.block_size)
         self.sessions = SessionCache(self.block_manager, self.runner)
-        self.scheduler = Scheduler(config, self.block_manager, self.sessions.make_room)
+        self.scheduler = Scheduler(config, self.block_manager, self.sessions)
         self.fingerprint = model_fingerprint(config.model, self.dtype)
         self.sequences: dict[str, Sequence] = {}
         self.detokenizers: dict[str, Detokenizer] = {}
@@ -66,8 +66,6 @@ class LLMEngine:
         text, token_ids = self.tokenize(prompt)
         self.check_fits(token_ids, params)
         seq = Sequence(request_id, token_ids, params, prompt=text, session_id=session_id)
-        if session_id is not None:
-            self.sessions.attach(seq)
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.device).manual_seed(params.seed)
         self.sequences[request_id] = seq

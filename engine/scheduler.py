@@ -5,12 +5,15 @@ When the block pool runs short, the lowest-priority running sequence is preempte
 blocks go back (keeping their prefix-cache hashes) and it waits at the front of the queue.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.sequence import Sequence, Status
+
+if TYPE_CHECKING:  # sessions.py needs the model runner, which needs this module
+    from engine.sessions import SessionCache
 
 
 @dataclass
@@ -20,12 +23,12 @@ class ScheduledSeq:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, make_room: Callable[[int], None]):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, sessions: "SessionCache"):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.short_first = config.scheduling_policy == "short_first"
         self.block_manager = block_manager
-        self.make_room = make_room  # frees blocks held by idle sessions, if any
+        self.sessions = sessions
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -66,15 +69,12 @@ class Scheduler:
         scheduled: list[ScheduledSeq] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.next_waiting()
-            fresh = not seq.block_table
-            self.block_manager.take_cached_prefix(seq)
+            self.begin(seq)
             count = min(seq.num_uncomputed_tokens, budget)
             if not self.allocate(seq, count):
-                if fresh:  # hand back the prefix-cache blocks it just took; they stay cached
-                    self.block_manager.free(seq)
-                    seq.num_computed_tokens = 0
+                self.give_back(seq)  # a waiting sequence holds no blocks: no deadlock between waiters
                 break
-            self.block_manager.record_prefix_lookup(seq)
+            self.record_reuse(seq)
             self.waiting.remove(seq)
             seq.status = Status.RUNNING
             self.running.append(seq)
@@ -82,10 +82,33 @@ class Scheduler:
             budget -= count
         return scheduled
 
+    def begin(self, seq: Sequence) -> None:
+        """Put the KV that can be reused under the sequence: its session's, else the prefix cache's."""
+        if seq.session_id is not None:
+            self.sessions.attach(seq)
+        self.block_manager.take_cached_prefix(seq)
+
+    def give_back(self, seq: Sequence) -> None:
+        if seq.session_id is not None and self.sessions.attached(seq):
+            self.sessions.detach(seq)
+        else:  # the prefix-cache blocks stay cached
+            self.block_manager.free(seq)
+            seq.num_computed_tokens = 0
+
+    def record_reuse(self, seq: Sequence) -> None:
+        """Count a sequence's first start in the reuse figures (prefix cache or session KV)."""
+        if seq.num_cached_tokens >= 0:
+            return
+        if seq.text_start:
+            seq.num_cached_tokens = seq.text_start
+            self.sessions.reused_tokens += seq.text_start
+        else:
+            self.block_manager.record_prefix_lookup(seq)
+
     def allocate(self, seq: Sequence, count: int) -> bool:
         if self.block_manager.allocate_slots(seq, count):
             return True
-        self.make_room(
+        self.sessions.make_room(
             self.block_manager.blocks_needed(seq.num_computed_tokens + count) - len(seq.block_table)
         )
         return self.block_manager.allocate_slots(seq, count)

@@ -39,8 +39,12 @@ class Sequence:
     text_start: int = 0  # where in the prompt the slots after those continue
 
     def __post_init__(self):
+        self.reset_to_prompt()
+
+    def reset_to_prompt(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
         self.positions = list(range(len(self.token_ids)))
+        self.session_reused = self.text_start = self.num_computed_tokens = 0
 
     def continue_session(self, token_ids: list[int], positions: list[int], prompt_start: int) -> None:
         """Start on a session's KV: its slots first, then the prompt from `prompt_start` on."""

@@ -98,7 +98,7 @@ class SessionCache:
     def attach(self, seq: Sequence) -> None:
         """Start a new turn on the session's KV: reuse the longest common prefix, release the rest."""
         session = self.sessions.get(seq.session_id)
-        if session is None or session.running is not None:
+        if session is None or session.running is not None or seq.output_token_ids:
             return
         # The last prompt token is always computed: its logits pick the first reply token.
         text_match = min(
@@ -110,11 +110,23 @@ class SessionCache:
         seq.block_table = self.copy_on_write(session.block_ids[:keep_blocks], reused)
         seq.continue_session(session.token_ids[:reused], session.positions[:reused], text_match)
         seq.num_computed_tokens = reused
-        seq.num_cached_tokens = text_match
-        self.reused_tokens += text_match
         session.block_ids = []
         session.running = seq.request_id
         session.last_used = time.monotonic()
+
+    def detach(self, seq: Sequence) -> None:
+        """Undo `attach` for a sequence that could not start: the session holds what was reused again."""
+        session = self.sessions[seq.session_id]
+        reused = seq.session_reused
+        session.block_ids, seq.block_table = seq.block_table, []
+        session.token_ids, session.positions = session.token_ids[:reused], session.positions[:reused]
+        session.text_token_ids = seq.prompt_token_ids[: seq.text_start]
+        session.running = None
+        seq.reset_to_prompt()
+
+    def attached(self, seq: Sequence) -> bool:
+        session = self.sessions.get(seq.session_id)
+        return session is not None and session.running == seq.request_id and not seq.output_token_ids
 
     def copy_on_write(self, block_ids: list[int], reused: int) -> list[int]:
         """A partly reused last block gets new tokens written into it: it must not be shared."""

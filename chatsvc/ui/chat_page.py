@@ -2,12 +2,11 @@
 edit and resend, and the session's options.  Per-user state lives in gr.State; handlers call the service."""
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable
 
 import gradio as gr
 
-from chatsvc.models import UNFINISHED, User, utcnow
+from chatsvc.models import User, utcnow
 from chatsvc.service import ChatService
 from chatsvc.sessions import age_group
 from chatsvc.turns import Turn, TurnOptions
@@ -16,7 +15,6 @@ from chatsvc.ui.identity import SHOWN_ERRORS, Identity, shows_errors
 
 DEFAULT_TEMPERATURE = 0.7
 NO_KNOWLEDGE_BASE = ("No knowledge base", "")
-STOP_WAIT_S = 10  # how long Stop waits for the aborted reply to be stored before showing the page anyway
 ENGINE_NOTICES = {
     "loading": "The model is loading. You can write your message; sending works as soon as it is ready.",
     "failed": "The model could not be loaded; the server log says why. Chats cannot be answered.",
@@ -169,32 +167,27 @@ class ChatPage:
             self.knowledge_base,
             self.temperature,
         ]
-        sent = gr.on(
+        gr.on(
             [self.send_button.click, self.message.submit],
             self.send,
             turn_inputs,
             turn_outputs,
             api_name="send",
         )
-        again = self.chatbot.retry(
+        self.chatbot.retry(
             self.regenerate,
             [self.session_id, self.view, self.temperature],
             turn_outputs,
             api_name="regenerate",
         )
-        edited = self.chatbot.edit(
+        self.chatbot.edit(
             self.edit, [self.session_id, self.view, self.temperature], turn_outputs, api_name="edit"
         )
-        # Registered first, so the page cancels the streaming event before Stop's own handler runs.
-        self.stop_button.click(None, cancels=[sent, again, edited])
-        self.stop_button.click(
-            self.stop,
-            [self.session_id],
-            [self.chatbot, self.view, self.send_button, self.stop_button, self.sessions],
-            api_name="stop",
-        )
+        # Stop asks the service to stop the reply; the streaming event then ends by itself and shows the
+        # stored reply.  (Cancelling the event as well would cancel the reply twice.)
+        self.stop_button.click(self.stop, [self.session_id], [self.stop_button], api_name="stop")
         self.new_button.click(self.new_chat, outputs=self.opened_outputs(), api_name="new_chat")
-        self.search.input(
+        self.search.change(  # typing, pasting, and the clearing after a turn
             self.find, [self.search], [self.sessions], trigger_mode="always_last", api_name="search"
         )
         self.rename_button.click(
@@ -438,20 +431,7 @@ class ChatPage:
         }
 
     @shows_errors
-    async def stop(self, session_id: str | None, request: gr.Request) -> dict:
-        """Stop the reply (the streaming event is cancelled too), then show it as stored: aborted, partial."""
-        if session_id is None:
-            return self.generating(False)
-        user = self.identity.user(request)
-        await self.service.stop(user, session_id)
-        deadline = time.monotonic() + STOP_WAIT_S
-        while True:
-            _, branch = await self.service.get_session(user, session_id)
-            if not any(m.status in UNFINISHED for m in branch) or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.1)
-        stored = await self.stored_turn(user, session_id)
-        return {
-            key: stored[key]
-            for key in (self.chatbot, self.view, self.sessions, self.send_button, self.stop_button)
-        }
+    async def stop(self, session_id: str | None, request: gr.Request) -> gr.Button:
+        """The reply stops and is stored as aborted with its text so far; the streaming event shows it."""
+        stopped = session_id is not None and await self.service.stop(self.identity.user(request), session_id)
+        return gr.Button(visible=False) if stopped else gr.skip()

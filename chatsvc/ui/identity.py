@@ -48,6 +48,8 @@ def shows_errors(handler):
             try:
                 async for update in handler(*args, **kwargs):
                     yield update
+            except gr.Error:
+                raise
             except SHOWN_ERRORS as error:
                 raise gr.Error(str(error)) from None
 
@@ -57,6 +59,8 @@ def shows_errors(handler):
     async def call(*args, **kwargs):
         try:
             return await handler(*args, **kwargs)
+        except gr.Error:
+            raise
         except SHOWN_ERRORS as error:
             raise gr.Error(str(error)) from None
 

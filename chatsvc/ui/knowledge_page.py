@@ -84,15 +84,15 @@ class KnowledgePage:
         self.document_ids = gr.State([])
         self.selected_document = gr.State(None)
         gr.Markdown("## Knowledge bases")
-        with gr.Row(equal_height=True):
-            self.knowledge_base = gr.Dropdown([], label="Knowledge base", scale=3, elem_id="kb-select")
-            self.new_name = gr.Textbox(
-                label="New knowledge base", placeholder="Name", scale=3, elem_id="kb-name"
-            )
-            self.create_button = gr.Button("Create", scale=1, elem_id="kb-create")
-            self.delete_base_button = gr.Button(
-                "Delete knowledge base", variant="stop", scale=1, elem_id="kb-delete"
-            )
+        with gr.Row(elem_classes="kb-bar"):
+            with gr.Column(scale=3):
+                self.knowledge_base = gr.Dropdown([], label="Knowledge base", elem_id="kb-select")
+                self.delete_base_button = gr.Button(
+                    "Delete knowledge base", variant="stop", size="sm", elem_id="kb-delete"
+                )
+            with gr.Column(scale=3):
+                self.new_name = gr.Textbox(label="New knowledge base", placeholder="Name", elem_id="kb-name")
+                self.create_button = gr.Button("Create", size="sm", elem_id="kb-create")
         with gr.Row(visible=False) as self.confirm_row:
             gr.Markdown("Delete this knowledge base and all its documents?")
             self.confirm_delete = gr.Button(

@@ -1,0 +1,159 @@
+"""The chat page in Chromium against the live server: log in, a streamed answer, Stop, regenerate, edit,
+switching and managing sessions, and message text that must never run as HTML."""
+
+import re
+
+import openai
+from playwright.sync_api import expect
+
+from tests.ui.conftest import (
+    ALICE,
+    chat_ready,
+    last_reply_text,
+    log_in,
+    screenshot,
+    send,
+    set_temperature,
+    wait_reply,
+)
+
+STORY = "Write a long story about a dragon who learns to bake bread."
+
+
+def alice_sessions(server, q: str | None = None) -> list[dict]:
+    params = {"q": q} if q else {}
+    return server.rest("GET", "/api/sessions", key=server.user_keys["alice"], params=params).json()["data"]
+
+
+def alice_messages(server, session_id: str) -> list[dict]:
+    return server.rest("GET", f"/api/sessions/{session_id}/messages", key=server.user_keys["alice"]).json()[
+        "data"
+    ]
+
+
+def open_chat(server, page) -> None:
+    log_in(page, server.url, *ALICE)
+    chat_ready(page)
+
+
+def test_log_in_and_see_a_streamed_answer(server, page):
+    open_chat(server, page)
+    set_temperature(page, 0)
+    send(page, "Tell me about Paris, the capital of France.")
+    seen = []
+    while page.locator("#stop").is_visible():
+        seen.append(last_reply_text(page).strip())
+        page.wait_for_timeout(40)
+    wait_reply(page)
+    screenshot(page, "chat-answer")
+
+    reply = page.locator("#chat .bot").last
+    assert "Paris" in reply.inner_text()
+    figures = reply.get_by_text("s to first token")
+    assert "tokens/s" in figures.inner_text() and "prompt tokens" in figures.inner_text()
+    stored = alice_messages(server, alice_sessions(server, "Tell me about Paris")[0]["id"])[-1]
+    assert stored["status"] == "done" and stored["content"][:20] in reply.inner_text()
+    growing = {text for text in seen if text and text != "…" and len(text) < len(stored["content"])}
+    assert len(growing) >= 2, f"the reply did not stream: saw {seen}"
+    assert page.locator("#session-sidebar").get_by_text("Tell me about Paris").count() == 1
+    assert not page.script_errors
+
+
+def test_stop_keeps_the_partial_reply(server, page):
+    open_chat(server, page)
+    send(page, STORY)
+    page.wait_for_function(
+        "() => { const b = document.querySelectorAll('#chat .bot'); "
+        "return b.length && b[b.length - 1].innerText.split(' ').length >= 3; }",
+        timeout=60_000,
+    )
+    page.locator("#stop").click()
+    wait_reply(page)
+    page.locator("#chat .bot").last.get_by_text("Stopped").wait_for()
+    screenshot(page, "chat-stopped")
+
+    reply = alice_messages(server, alice_sessions(server, STORY)[0]["id"])[-1]
+    assert reply["status"] == "aborted" and reply["finish_reason"] == "abort"
+    assert reply["content"] and reply["completion_tokens"] < 40
+    assert reply["content"][:20] in page.locator("#chat .bot").last.inner_text()
+
+
+def test_regenerate_and_edit_make_branches(server, page):
+    open_chat(server, page)
+    send(page, "Name a colour.")
+    wait_reply(page)
+    page.locator("#chat").get_by_label("Retry").last.click()
+    page.locator("#stop").wait_for(state="visible")
+    wait_reply(page)
+    session = alice_sessions(server, "Name a colour.")[0]
+    messages = alice_messages(server, session["id"])
+    question, *replies = messages
+    assert [m["parent_id"] for m in replies] == [question["id"], question["id"]]
+    assert all(m["status"] == "done" for m in replies)
+
+    page.locator("#chat .user").last.hover()
+    page.locator("#chat").get_by_label("Edit").last.click()
+    page.locator("#chat textarea").last.fill("Name a fruit.")
+    page.locator("#chat").get_by_role("button", name="Submit").click()
+    page.locator("#stop").wait_for(state="visible")
+    wait_reply(page)
+    screenshot(page, "chat-edited")
+    messages = alice_messages(server, session["id"])
+    edited = [m for m in messages if m["role"] == "user"]
+    assert [m["content"] for m in edited] == ["Name a colour.", "Name a fruit."]
+    assert edited[1]["parent_id"] is None  # beside the original, not after it
+    assert messages[-1]["parent_id"] == edited[1]["id"] and messages[-1]["status"] == "done"
+    assert "Name a fruit." in page.locator("#chat").inner_text()
+    assert "Name a colour." not in page.locator("#chat").inner_text()
+
+
+def test_switch_search_rename_and_delete_sessions(server, page):
+    api = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.user_keys["alice"], max_retries=0)
+    for question in ("Zebras: why stripes?", "Owls: why at night?"):
+        api.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": question}], max_tokens=4
+        )
+    open_chat(server, page)
+    sidebar = page.locator("#session-sidebar")
+    sidebar.get_by_role("button", name="Zebras: why stripes?").click()
+    page.locator("#chat").get_by_text("Zebras: why stripes?").wait_for()
+    sidebar.get_by_role("button", name="Owls: why at night?").click()
+    page.locator("#chat").get_by_text("Owls: why at night?").wait_for()
+    assert "Zebras" not in page.locator("#chat").inner_text()
+
+    page.locator("#session-search textarea, #session-search input").first.fill("zebras")
+    page.wait_for_function("() => !document.querySelector('#session-sidebar').innerText.includes('Owls')")
+    assert sidebar.get_by_role("button", name="Zebras: why stripes?").is_visible()
+    page.locator("#session-search textarea, #session-search input").first.fill("")
+    sidebar.get_by_role("button", name="Owls: why at night?").click()
+
+    page.locator("#chat-manage").get_by_text("This chat").click()
+    title = page.locator("#chat-title textarea, #chat-title input").first
+    # The opened chat fills the title box; renaming before that would be overwritten by it.
+    expect(title).to_have_value(re.compile("^Owls"))
+    title.fill("Night birds")
+    page.locator("#rename-chat").click()
+    sidebar.get_by_role("button", name="Night birds").wait_for()
+    page.locator("#delete-chat").click()
+    page.locator("#confirm-delete").click()
+    page.wait_for_function(
+        "() => !document.querySelector('#session-sidebar').innerText.includes('Night birds')"
+    )
+    screenshot(page, "chat-sessions")
+    assert alice_sessions(server, "Owls") == [] and len(alice_sessions(server, "Zebras")) == 1
+
+
+def test_html_in_messages_is_shown_as_text_and_never_runs(server, page):
+    open_chat(server, page)
+    attack = '<script>window.__xss = "script"</script> <img src=x onerror="window.__xss = \'img\'"> Say hi.'
+    send(page, attack)
+    wait_reply(page)
+    page.reload()
+    chat_ready(page)
+    page.locator("#session-sidebar").get_by_role("button", name="<script>").first.click()
+    page.locator("#chat").get_by_text("<script>", exact=False).first.wait_for()
+    screenshot(page, "chat-html-as-text")
+    assert page.evaluate("window.__xss") is None
+    assert page.locator("#chat script, #chat img[src='x']").count() == 0
+    assert "<img src=x onerror=" in page.locator("#chat .user").last.inner_text()
+    assert not page.script_errors

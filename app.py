@@ -22,7 +22,9 @@ from engine.model_files import ModelLoadError
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_URL = "/kvchat-static"  # Gradio serves its own files under /static
-LOGIN_MESSAGE = "Log in with your kvchat account. The first admin is 'admin', password from --admin-password."
+LOGIN_MESSAGE = (
+    "Log in with your kvchat account. The first admin is 'admin': the first start's log shows its password."
+)
 
 
 def build_ui(service: ChatService, identity: Identity) -> gr.Blocks:

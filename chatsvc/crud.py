@@ -1,5 +1,6 @@
 """Every database query of the chat service.  Routes and the turn flow call these, never SQL directly."""
 
+import secrets
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -128,21 +129,26 @@ def delete_api_key(db: Session, user: User, key_id: int) -> None:
         raise NotFound(f"API key {key_id} not found")
 
 
-def ensure_first_admin(db: Session, api_key: str | None, password: str | None) -> tuple[User, str | None]:
+def ensure_first_admin(
+    db: Session, api_key: str | None, password: str | None
+) -> tuple[User, str | None, str | None]:
     """Create the admin 'admin' on first start; the settings' key and password always apply.
 
-    Returns the admin, and a generated API key when the admin is new and the settings gave none."""
+    Returns the admin, and the API key and password generated for a new admin where the settings gave
+    none (so a first `make run` can log in)."""
     admin = db.scalar(select(User).where(User.username == FIRST_ADMIN))  # None on the first start
-    generated = None
+    generated_key = generated_password = None
     if admin is None:
         admin = create_user(db, FIRST_ADMIN, Role.admin)
         if api_key is None:
-            api_key = generated = new_api_key()
+            api_key = generated_key = new_api_key()
+        if not password:
+            password = generated_password = secrets.token_urlsafe(12)
     if api_key is not None:
         _set_settings_key(db, admin, api_key)
     if password:
         admin.password_hash = hash_password(password)
-    return admin, generated
+    return admin, generated_key, generated_password
 
 
 def _set_settings_key(db: Session, admin: User, api_key: str) -> None:

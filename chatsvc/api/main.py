@@ -86,11 +86,19 @@ def _retrieval(database: Engine, settings: Settings) -> RetrieverContext:
 
 
 def _first_admin(db: Session, settings: Settings) -> User:
-    admin, generated_key = crud.ensure_first_admin(db, settings.api_key, settings.admin_password)
+    admin, generated_key, generated_password = crud.ensure_first_admin(
+        db, settings.api_key, settings.admin_password
+    )
     if generated_key:
         print(
             f"Created the admin user 'admin' with API key {generated_key}\n"
             "It is shown only this once; start with --api-key KEY to choose your own.",
+            file=sys.stderr,
+        )
+    if generated_password:
+        print(
+            f"Log in to the web page as 'admin' with password {generated_password}\n"
+            "It is shown only this once; start with --admin-password PASSWORD to choose your own.",
             file=sys.stderr,
         )
     return admin

@@ -47,12 +47,15 @@ def test_migrations_upgrade_downgrade_and_upgrade_again(db_url):
 
 def test_first_admin_is_created_once_and_follows_the_settings_key_and_password(database):
     with database.begin() as db:
-        admin, generated = crud.ensure_first_admin(db, api_key=None, password=None)
+        admin, generated, password = crud.ensure_first_admin(db, api_key=None, password=None)
         assert admin.role == Role.admin and generated.startswith("kvc-")
     with database.begin() as db:
         assert crud.user_by_api_key(db, generated).username == "admin"
-        _, again = crud.ensure_first_admin(db, api_key="kvc-chosen", password="s3cret-pass")
-        assert again is None
+        assert crud.user_by_password(db, "admin", password).username == "admin"
+        _, key_again, password_again = crud.ensure_first_admin(
+            db, api_key="kvc-chosen", password="s3cret-pass"
+        )
+        assert key_again is None and password_again is None
     with database.begin() as db:
         assert crud.user_by_api_key(db, "kvc-chosen").username == "admin"
         assert crud.user_by_api_key(db, "kvc-wrong") is None

@@ -13,10 +13,10 @@ from chatsvc.api.main import create_api
 from chatsvc.db import redacted
 from chatsvc.service import ChatService
 from chatsvc.settings import Settings, settings_from_cli
-from chatsvc.ui.admin_page import admin_page
-from chatsvc.ui.chat_page import chat_page
+from chatsvc.ui.admin_page import AdminPage
+from chatsvc.ui.chat_page import ChatPage
 from chatsvc.ui.identity import Identity
-from chatsvc.ui.knowledge_page import knowledge_page
+from chatsvc.ui.knowledge_page import KnowledgePage
 from chatsvc.ui.theme import theme
 from engine.model_files import ModelLoadError
 
@@ -30,9 +30,9 @@ LOGIN_MESSAGE = (
 def build_ui(service: ChatService, identity: Identity) -> gr.Blocks:
     """The pages, one module each; every handler knows its user from the login.  Pages are built before
     they are placed: a Blocks made inside another one would be laid out twice."""
-    chat = chat_page(service, identity)
-    knowledge = knowledge_page(service, identity)
-    admin = admin_page(service, identity)
+    chat = ChatPage.blocks(service, identity)
+    knowledge = KnowledgePage.blocks(service, identity)
+    admin = AdminPage.blocks(service, identity)
     with gr.Blocks(title="kvchat") as ui:
         gr.Navbar(main_page_name="Chat")
         chat.render()

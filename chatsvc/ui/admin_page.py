@@ -7,10 +7,10 @@ import gradio as gr
 import pandas as pd
 
 from chatsvc.models import Message
-from chatsvc.service import ChatService
 from chatsvc.ui import html
 from chatsvc.ui.engine_panel import EnginePanelView
-from chatsvc.ui.identity import Identity, shows_errors
+from chatsvc.ui.identity import shows_errors
+from chatsvc.ui.page import Page
 from chatsvc.views import KvState, SessionKvDetail, SessionKvRow
 
 SESSION_COLUMNS = [
@@ -25,12 +25,6 @@ SESSION_COLUMNS = [
     "Last activity",
 ]
 EVICTION_COLUMNS = ["Time", "Policy", "Tokens before", "Evicted", "After", "Kept spans"]
-
-
-def admin_page(service: ChatService, identity: Identity) -> gr.Blocks:
-    with gr.Blocks() as page:
-        AdminPage(service, identity, page)
-    return page
 
 
 def session_rows(rows: list[SessionKvRow]) -> list[list]:
@@ -140,14 +134,7 @@ def conversation_html(detail: SessionKvDetail) -> str:
     return "".join(turns) or html.muted("No messages yet.")
 
 
-class AdminPage:
-    def __init__(self, service: ChatService, identity: Identity, page: gr.Blocks):
-        self.service = service
-        self.identity = identity
-        self.page = page
-        self.layout()
-        self.wire()
-
+class AdminPage(Page):
     def layout(self) -> None:
         self.session_ids = gr.State([])
         self.selected = gr.State(None)

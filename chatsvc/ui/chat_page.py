@@ -11,7 +11,8 @@ from chatsvc.service import ChatService
 from chatsvc.sessions import age_group
 from chatsvc.turns import Turn, TurnOptions
 from chatsvc.ui.chat_view import ChatView, conversation, streaming, written_text
-from chatsvc.ui.identity import SHOWN_ERRORS, Identity, shows_errors
+from chatsvc.ui.identity import SHOWN_ERRORS, shows_errors
+from chatsvc.ui.page import Page
 
 DEFAULT_TEMPERATURE = 0.7
 NO_KNOWLEDGE_BASE = ("No knowledge base", "")
@@ -20,12 +21,6 @@ ENGINE_NOTICES = {
     "failed": "The model could not be loaded; the server log says why. Chats cannot be answered.",
     "dead": "The engine stopped working; the server log says why. Chats cannot be answered.",
 }
-
-
-def chat_page(service: ChatService, identity: Identity) -> gr.Blocks:
-    with gr.Blocks() as page:
-        ChatPage(service, identity, page)
-    return page
 
 
 def sidebar_groups(sessions: list) -> list[dict]:
@@ -46,14 +41,7 @@ def engine_notice(service: ChatService) -> str:
     return f'<div class="engine-notice" role="status">{notice}</div>' if notice else ""
 
 
-class ChatPage:
-    def __init__(self, service: ChatService, identity: Identity, page: gr.Blocks):
-        self.service = service
-        self.identity = identity
-        self.page = page
-        self.layout()
-        self.wire()
-
+class ChatPage(Page):
     # --- layout ---
 
     def layout(self) -> None:

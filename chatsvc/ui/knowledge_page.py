@@ -7,21 +7,15 @@ from pathlib import Path
 
 import gradio as gr
 
-from chatsvc.service import ChatService
 from chatsvc.ui import html
-from chatsvc.ui.identity import Identity, shows_errors
+from chatsvc.ui.identity import shows_errors
+from chatsvc.ui.page import Page
 from chatsvc.views import QueryPreview
 from memory.retrieval import Document, Passage
 
 DOCUMENT_COLUMNS = ["Document", "Kind", "Paragraphs", "Size", "Added"]
 PROGRESS = gr.Progress()  # Gradio gives each call its own tracker in place of this marker
 FILE_TYPES = [".txt", ".md", ".markdown", ".html", ".htm", ".pdf"]
-
-
-def knowledge_page(service: ChatService, identity: Identity) -> gr.Blocks:
-    with gr.Blocks() as page:
-        KnowledgePage(service, identity, page)
-    return page
 
 
 def document_rows(documents: list[Document]) -> list[list]:
@@ -72,14 +66,7 @@ def preview_html(preview: QueryPreview) -> str:
     return f"{summary}{reason}<h4>Window</h4>{passages}<h4>Best paragraphs</h4>{hits}"
 
 
-class KnowledgePage:
-    def __init__(self, service: ChatService, identity: Identity, page: gr.Blocks):
-        self.service = service
-        self.identity = identity
-        self.page = page
-        self.layout()
-        self.wire()
-
+class KnowledgePage(Page):
     def layout(self) -> None:
         self.document_ids = gr.State([])
         self.selected_document = gr.State(None)

@@ -1,6 +1,7 @@
 """The README table and plot for bench/throughput.py's results: figures side by side, and our engine's
 ratio to each peer."""
 
+import textwrap
 from pathlib import Path
 
 ROWS = [  # (label, scenario, metric, higher is better)
@@ -59,7 +60,7 @@ def plot_ratios(results: dict, peers: list[str], plot: Path) -> None:
         ours = value(results, "ours", scenario, metric)
         if ours is None or not any(value(results, peer, scenario, metric) for peer in peers):
             continue
-        labels.append(label.replace(" (s)", "").replace(", ", "\n"))
+        labels.append(textwrap.fill(label.replace(" (s)", ""), 16))
         for peer in peers:
             peer_value = value(results, peer, scenario, metric)
             bars[peer].append((ours / peer_value if higher else peer_value / ours) if peer_value else 0)

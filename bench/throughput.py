@@ -49,6 +49,20 @@ def summarize(timings) -> dict:
     }
 
 
+async def streaming(runner, tokenizer, args) -> dict:
+    """Warm-up, batch 1 and online in one event loop: vLLM's async engine is bound to the loop it began in."""
+    results = {}
+    await replay(runner, workloads.batch_one(tokenizer, 8))  # warm-up
+    if "batch1" in args.scenarios:
+        (timing,) = await replay(runner, workloads.batch_one(tokenizer))
+        decode = (timing.tokens - 1) / (timing.finish - timing.first_token)
+        results["batch1"] = {"decode_tokens_per_s": decode, "ttft_s": timing.first_token - timing.arrival}
+    if "online" in args.scenarios and args.engine != "transformers":  # generate has no server loop
+        requests = workloads.online(tokenizer, args.online_requests, args.rate)
+        results["online"] = summarize(await replay(runner, requests))
+    return results
+
+
 def worker(args) -> dict:
     """Runs inside one engine's process."""
     from transformers import AutoTokenizer
@@ -65,14 +79,7 @@ def worker(args) -> dict:
         runner.close()
     if "batch1" in args.scenarios or "online" in args.scenarios:
         runner = runner_class(args.model, args.dtype)
-        asyncio.run(replay(runner, workloads.batch_one(tokenizer, 8)))  # warm-up
-        if "batch1" in args.scenarios:
-            (timing,) = asyncio.run(replay(runner, workloads.batch_one(tokenizer)))
-            decode = (timing.tokens - 1) / (timing.finish - timing.first_token)
-            results["batch1"] = {"decode_tokens_per_s": decode, "ttft_s": timing.first_token - timing.arrival}
-        if "online" in args.scenarios and args.engine != "transformers":  # generate has no server loop
-            requests = workloads.online(tokenizer, args.online_requests, args.rate)
-            results["online"] = summarize(asyncio.run(replay(runner, requests)))
+        results.update(asyncio.run(streaming(runner, tokenizer, args)))
         runner.close()
     if "mixed" in args.scenarios and args.engine != "transformers":
         policies = ["fcfs", "short_first"] if args.engine == "ours" else ["fcfs"]

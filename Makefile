@@ -26,7 +26,7 @@ $(MODEL_READY): $(INSTALLED)
 
 # Compiled once into torch's extension cache; later runs load it in a moment.
 KERNELS_READY := $(VENV)/.kernels
-$(KERNELS_READY): $(INSTALLED) engine/kernels/paged_attention_cpu.cpp engine/kernels/__init__.py
+$(KERNELS_READY): $(INSTALLED) $(wildcard engine/kernels/*.cpp engine/kernels/*.h) engine/kernels/__init__.py
 	$(PY) -c "from engine.kernels import cpu_kernels; cpu_kernels()"
 	touch $@
 

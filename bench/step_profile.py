@@ -4,9 +4,10 @@
 
 For each batch size: the engine decodes `--new-tokens` greedy tokens (ignore_eos) from 100-token chat
 prompts (wall time per decode step, no profiler); then every linear layer of the model (lm_head included)
-is timed alone on the same number of rows, as F.linear calls in a loop.  The rest of the step is attention,
-norms, activations, per-op dispatch and our Python (scheduling, block tables, sampling).  torch.profiler
-is run once more to count the torch ops per step.  Results: bench/results/step_profile.json.
+is timed alone on the same number of rows, through the forward the engine calls.  The rest of the step is
+attention, norms, activations, per-op dispatch and our Python (scheduling, block tables, sampling).
+torch.profiler is run once more to count the torch ops per step (our C++ kernels are not among them).
+Results: bench/results/step_profile.json.
 """
 
 import argparse
@@ -15,7 +16,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from bench import workloads
@@ -40,11 +40,11 @@ def matrix_seconds(model: torch.nn.Module, rows: int, repeats: int = 20) -> floa
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = [torch.randn(rows, m.in_features, dtype=m.weight.dtype) for m in linears]
     for layer, x in zip(linears, inputs, strict=True):
-        F.linear(x, layer.weight, layer.bias)
+        layer(x)
     start = time.perf_counter()
     for _ in range(repeats):
         for layer, x in zip(linears, inputs, strict=True):
-            F.linear(x, layer.weight, layer.bias)
+            layer(x)
     return (time.perf_counter() - start) / repeats
 
 

@@ -34,8 +34,8 @@ class ModelRunner:
         )
         self.importance = torch.zeros(2, num_blocks * block_size, device=self.device)  # sums, observations
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        if self.device.type == "cpu" and kernels_fit(shape, block_size):
-            model.kernels = cpu_kernels()
+        if self.device.type == "cpu":
+            model.use_kernels(cpu_kernels(), attention=attention_kernels_fit(shape, block_size))
 
     @staticmethod
     def bytes_per_block(model_shape: ModelShape, block_size: int, dtype: torch.dtype) -> int:
@@ -137,6 +137,6 @@ class ModelRunner:
         return keys, values
 
 
-def kernels_fit(shape: ModelShape, block_size: int) -> bool:
+def attention_kernels_fit(shape: ModelShape, block_size: int) -> bool:
     group = shape.num_heads // shape.num_kv_heads
     return block_size == 16 and shape.head_dim % 32 == 0 and group <= 8

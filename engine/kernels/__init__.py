@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
+SOURCES = sorted(str(path) for path in Path(__file__).parent.glob("*.cpp"))
 
 
 @functools.cache
@@ -20,14 +20,14 @@ def cpu_kernels():
     try:
         build_directory.mkdir(exist_ok=True)
         return load(
-            name="kvchat_paged_attention",
-            sources=[str(SOURCE)],
+            name="kvchat_cpu_kernels",
+            sources=SOURCES,
             build_directory=str(build_directory),
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
         )
     except Exception as error:  # no compiler, no headers: the portable torch path still works
-        log.warning("CPU attention kernels unavailable, using the torch path: %s", error)
+        log.warning("CPU kernels unavailable, using the torch path: %s", error)
         return None
 
 

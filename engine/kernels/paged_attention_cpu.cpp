@@ -7,54 +7,21 @@
 // A block holds its keys transposed, (kv_heads, head_dim, 16 tokens), so q.k runs along the block's
 // tokens in vector lanes with no horizontal sums, and its values as (kv_heads, 16 tokens, head_dim), so
 // p.v runs along head_dim.  The query heads sharing a KV head (GROUP) are a compile-time constant so
-// their accumulators stay in registers.  Vectors are GCC/Clang vector extensions, not intrinsics.
+// their accumulators stay in registers.
 //
 // q (seqs, heads, head_dim); block_tables (seqs, max_blocks) int64; context_lens (seqs,) int64;
 // scores / probs (seqs, heads, max_context) float32; out (seqs, heads, head_dim).
-#include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#include <cstring>
+#include "kernels.h"
+#include "simd.h"
 
+namespace kvchat {
 namespace {
 
 constexpr int64_t kBlock = 16;  // tokens per block the kernels are built for
-constexpr int64_t kLanes = 8;   // floats per vector: one AVX2 register (wider types compile to poor code)
 constexpr int64_t kVectors = kBlock / kLanes;
 constexpr int64_t kDimChunk = 32;  // head_dim elements one p.v pass accumulates in registers
-
-// GCC/Clang vector extensions: portable SIMD that compiles to AVX2 here and to NEON on ARM.
-typedef float vfloat __attribute__((vector_size(kLanes * sizeof(float))));
-
-typedef uint16_t vhalfword __attribute__((vector_size(kLanes * sizeof(uint16_t))));
-typedef uint32_t vword __attribute__((vector_size(kLanes * sizeof(uint32_t))));
-
-// Loads straight into a vector: a copy through a scalar array would stall on store forwarding.
-template <typename T>
-inline vfloat load_lanes(const T* source) {
-  float values[kLanes];
-  for (int64_t i = 0; i < kLanes; ++i) values[i] = static_cast<float>(source[i]);
-  vfloat v;
-  std::memcpy(&v, values, sizeof(v));
-  return v;
-}
-
-template <>
-inline vfloat load_lanes<float>(const float* source) {
-  vfloat v;
-  std::memcpy(&v, source, sizeof(v));
-  return v;
-}
-
-template <>
-inline vfloat load_lanes<c10::BFloat16>(const c10::BFloat16* source) {
-  vhalfword bits;
-  std::memcpy(&bits, source, sizeof(bits));
-  const vword widened = __builtin_convertvector(bits, vword) << 16;  // bf16 is a float's top half
-  vfloat v;
-  std::memcpy(&v, &widened, sizeof(v));
-  return v;
-}
 
 inline void store_lanes(float* target, const vfloat (&block)[kVectors], int64_t count) {
   float values[kBlock];
@@ -158,6 +125,8 @@ void with_group(int64_t group, Fn fn) {
   }
 }
 
+}  // namespace
+
 torch::Tensor paged_qk(torch::Tensor q, torch::Tensor k_cache, torch::Tensor block_tables,
                        torch::Tensor context_lens, int64_t max_context, double scale) {
   check(k_cache, block_tables, context_lens, q.size(1));
@@ -190,9 +159,4 @@ torch::Tensor paged_pv(torch::Tensor probs, torch::Tensor v_cache, torch::Tensor
   return out;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_qk", &paged_qk, "scaled q.k over the paged cache, -inf past each context");
-  m.def("paged_pv", &paged_pv, "probabilities times values over the paged cache");
-}
+}  // namespace kvchat

@@ -48,8 +48,11 @@ def split_layer_cache(layer_cache: torch.Tensor, head_dim: int) -> tuple[torch.T
 def paged_attention(q, k, v, layer_cache: torch.Tensor, meta: AttentionMetadata, kernels) -> torch.Tensor:
     # q: (tokens, heads, head_dim); k, v: (tokens, kv_heads, head_dim)
     key_cache, value_cache = split_layer_cache(layer_cache, q.shape[-1])
-    key_cache[meta.slot_blocks, :, :, meta.slot_offsets] = k
-    value_cache[meta.slot_blocks, :, meta.slot_offsets, :] = v
+    if kernels is not None:
+        kernels.write_kv(k, v, layer_cache, meta.slot_blocks, meta.slot_offsets)
+    else:
+        key_cache[meta.slot_blocks, :, :, meta.slot_offsets] = k
+        value_cache[meta.slot_blocks, :, meta.slot_offsets, :] = v
     out = torch.empty_like(q)
     decodes = meta.num_decode_tokens
     if decodes:

@@ -9,6 +9,8 @@ STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for every position up to max_len, looked up by each token's position."""
 
+    kernels = None  # our C++ CPU kernels, where set: rotates q and k in place in one call
+
     def __init__(self, config, head_dim: int, max_len: int):
         super().__init__()
         self.config, self.head_dim, self.max_len = config, head_dim, max_len
@@ -40,6 +42,9 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         # q: (tokens, heads, head_dim), k: (tokens, kv_heads, head_dim)
+        if self.kernels is not None:
+            self.kernels.rotary(q, k, positions, self.cos, self.sin)
+            return q, k
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.attention import AttentionMetadata, paged_attention
+from engine.layers.linear import Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 
@@ -54,8 +55,8 @@ class Attention(nn.Module):
         self.shape = shape
         self.q_size = shape.num_heads * shape.head_dim
         self.kv_size = shape.num_kv_heads * shape.head_dim
-        self.qkv_proj = nn.Linear(shape.hidden_size, self.q_size + 2 * self.kv_size, bias=shape.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, shape.hidden_size, bias=shape.o_bias)
+        self.qkv_proj = Linear(shape.hidden_size, self.q_size + 2 * self.kv_size, bias=shape.qkv_bias)
+        self.o_proj = Linear(self.q_size, shape.hidden_size, bias=shape.o_bias)
         if shape.qk_norm:
             self.q_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps)
             self.k_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps)
@@ -76,8 +77,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, shape: ModelShape):
         super().__init__()
-        self.gate_up_proj = nn.Linear(shape.hidden_size, 2 * shape.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(shape.intermediate_size, shape.hidden_size, bias=False)
+        self.gate_up_proj = Linear(shape.hidden_size, 2 * shape.intermediate_size, bias=False)
+        self.down_proj = Linear(shape.intermediate_size, shape.hidden_size, bias=False)
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -92,9 +93,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.mlp = MLP(shape)
 
-    def forward(self, positions, x, kv_cache, meta, kernels):
-        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta, kernels)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, positions, x, residual, kv_cache, meta, kernels):
+        """This layer's output and the residual stream before it is added (the next norm adds it)."""
+        x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, kv_cache, meta, kernels)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class CausalLM(nn.Module):
@@ -105,7 +109,7 @@ class CausalLM(nn.Module):
         self.rotary = rotary = RotaryEmbedding(config, shape.head_dim, max_len)
         self.layers = nn.ModuleList(DecoderLayer(shape, rotary) for _ in range(shape.num_layers))
         self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
-        self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
+        self.lm_head = Linear(shape.hidden_size, shape.vocab_size, bias=False)
         if shape.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.kernels = None  # the C++ decode attention, where the device and shapes allow it
@@ -113,9 +117,17 @@ class CausalLM(nn.Module):
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states (tokens, hidden) after the final norm."""
         x = self.embed_tokens(input_ids)
+        residual = torch.zeros_like(x)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(positions, x, kv_cache, meta, self.kernels)
-        return self.norm(x)
+            x, residual = layer(positions, x, residual, kv_cache, meta, self.kernels)
+        return self.norm(x, residual)[0]
+
+    def use_kernels(self, kernels, attention: bool) -> None:
+        """Our C++ CPU kernels for linear layers, norms and rotary and, if `attention`, for attention."""
+        self.kernels = kernels if attention else None
+        for module in self.modules():
+            if isinstance(module, Linear | RMSNorm | RotaryEmbedding):
+                module.kernels = kernels
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -1,0 +1,127 @@
+// The small per-layer operations of a decode step, one call each instead of a dozen torch ops.
+//
+// At batch 1 a SmolLM2 step runs some 2,000 torch ops; each costs microseconds of dispatch whatever its
+// size, which adds up to a third of the step.  RMSNorm (with the residual add before it), rotary
+// embedding and the KV-cache write are the bulk of them.  Each follows transformers' formula in float32,
+// so greedy tokens stay those of transformers (tests/engine/test_greedy_equals_transformers.py).
+#include <ATen/Parallel.h>
+
+#include <cmath>
+
+#include "kernels.h"
+#include "simd.h"
+
+namespace kvchat {
+namespace {
+
+template <typename T>
+void normalise_row(const T* row, const T* weight, T* out, int64_t size, double eps) {
+  vfloat squares = {};
+  int64_t i = 0;
+  for (; i + kLanes <= size; i += kLanes) {
+    const vfloat v = load_lanes(row + i);
+    squares += v * v;
+  }
+  float sum = horizontal_sum(squares);
+  for (; i < size; ++i) sum += static_cast<float>(row[i]) * static_cast<float>(row[i]);
+  const float scale = 1.0f / std::sqrt(sum / static_cast<float>(size) + static_cast<float>(eps));
+  // transformers: weight * (x * rsqrt(mean(x^2) + eps)).to(dtype), each product rounded to the dtype.
+  for (int64_t j = 0; j < size; ++j) {
+    const T normalised = static_cast<T>(static_cast<float>(row[j]) * scale);
+    out[j] = static_cast<T>(static_cast<float>(weight[j]) * static_cast<float>(normalised));
+  }
+}
+
+void check_rows(const torch::Tensor& x, const torch::Tensor& weight) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous (rows, hidden) tensor");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.scalar_type() == x.scalar_type(),
+              "weight must be (hidden,) of x's dtype");
+}
+
+}  // namespace
+
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+  x = x.contiguous();
+  check_rows(x, weight);
+  auto out = torch::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
+    const int64_t size = x.size(1);
+    for (int64_t r = 0; r < x.size(0); ++r)
+      normalise_row(x.data_ptr<scalar_t>() + r * size, weight.data_ptr<scalar_t>(),
+                    out.data_ptr<scalar_t>() + r * size, size, eps);
+  });
+  return out;
+}
+
+void add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps) {
+  check_rows(x, weight);
+  TORCH_CHECK(residual.sizes() == x.sizes() && residual.is_contiguous() && residual.scalar_type() == x.scalar_type(),
+              "residual must be contiguous, shaped and typed as x");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
+    const int64_t size = x.size(1);
+    scalar_t* rows = x.data_ptr<scalar_t>();
+    scalar_t* sums = residual.data_ptr<scalar_t>();
+    for (int64_t r = 0; r < x.size(0); ++r) {
+      for (int64_t j = 0; j < size; ++j) sums[r * size + j] += rows[r * size + j];
+      normalise_row(sums + r * size, weight.data_ptr<scalar_t>(), rows + r * size, size, eps);
+    }
+  });
+}
+
+void rotary(torch::Tensor q, torch::Tensor k, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && q.stride(2) == 1 && k.stride(2) == 1,
+              "q and k must be (tokens, heads, head_dim) with contiguous head_dim");
+  TORCH_CHECK(cos.scalar_type() == q.scalar_type() && cos.is_contiguous() && sin.is_contiguous(),
+              "cos and sin must be contiguous tables of q's dtype");
+  TORCH_CHECK(positions.scalar_type() == torch::kLong && positions.is_contiguous(), "positions: int64");
+  const int64_t half = q.size(2) / 2;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "rotary", [&] {
+    for (torch::Tensor* tensor : {&q, &k}) {
+      scalar_t* data = tensor->data_ptr<scalar_t>();
+      for (int64_t t = 0; t < tensor->size(0); ++t) {
+        const int64_t position = positions.data_ptr<int64_t>()[t];
+        const scalar_t* c = cos.data_ptr<scalar_t>() + position * cos.size(1);
+        const scalar_t* s = sin.data_ptr<scalar_t>() + position * sin.size(1);
+        for (int64_t h = 0; h < tensor->size(1); ++h) {
+          scalar_t* x = data + t * tensor->stride(0) + h * tensor->stride(1);
+          // transformers: x * cos + rotate_half(x) * sin, where rotate_half(x) = (-second half, first half).
+          for (int64_t d = 0; d < half; ++d) {
+            const float first = static_cast<float>(x[d]), second = static_cast<float>(x[d + half]);
+            x[d] = static_cast<scalar_t>(first * static_cast<float>(c[d]) - second * static_cast<float>(s[d]));
+            x[d + half] = static_cast<scalar_t>(second * static_cast<float>(c[d + half]) +
+                                                first * static_cast<float>(s[d + half]));
+          }
+        }
+      }
+    }
+  });
+}
+
+void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor layer_cache, torch::Tensor slot_blocks,
+              torch::Tensor slot_offsets) {
+  TORCH_CHECK(layer_cache.is_contiguous() && layer_cache.dim() == 4, "layer_cache: (2, blocks, kv_heads, width)");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k.scalar_type() == layer_cache.scalar_type(),
+              "k and v: (tokens, kv_heads, head_dim) with contiguous head_dim, the cache's dtype");
+  TORCH_CHECK(slot_blocks.is_contiguous() && slot_offsets.is_contiguous() &&
+                  slot_blocks.scalar_type() == torch::kLong && slot_offsets.scalar_type() == torch::kLong,
+              "slot_blocks and slot_offsets: contiguous int64");
+  const int64_t blocks = layer_cache.size(1), kv_heads = layer_cache.size(2), width = layer_cache.size(3);
+  const int64_t head_dim = k.size(2), block_size = width / head_dim;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "write_kv", [&] {
+    scalar_t* keys = layer_cache.data_ptr<scalar_t>();
+    scalar_t* values = keys + blocks * kv_heads * width;
+    for (int64_t t = 0; t < k.size(0); ++t) {
+      const int64_t block = slot_blocks.data_ptr<int64_t>()[t], offset = slot_offsets.data_ptr<int64_t>()[t];
+      TORCH_CHECK(block >= 0 && block < blocks && offset >= 0 && offset < block_size, "slot out of range");
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const scalar_t* key = k.data_ptr<scalar_t>() + t * k.stride(0) + h * k.stride(1);
+        const scalar_t* value = v.data_ptr<scalar_t>() + t * v.stride(0) + h * v.stride(1);
+        scalar_t* cell = (block * kv_heads + h) * width + keys;  // keys transposed: (head_dim, block_size)
+        for (int64_t d = 0; d < head_dim; ++d) cell[d * block_size + offset] = key[d];
+        std::copy_n(value, head_dim, values + (block * kv_heads + h) * width + offset * head_dim);
+      }
+    }
+  });
+}
+
+}  // namespace kvchat

@@ -1,0 +1,133 @@
+"""Our C++ CPU kernels match the torch path: decode attention, few-row linears, norms, rotary, KV writes."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig
+
+from engine import LLM, SamplingParams
+from engine.kernels import cpu_kernels
+from engine.layers.attention import (
+    AttentionMetadata,
+    kernel_decode_attention,
+    split_layer_cache,
+    torch_decode_attention,
+)
+from engine.layers.linear import MAX_KERNEL_ROWS
+from engine.layers.norm import RMSNorm
+from engine.layers.rotary import RotaryEmbedding
+
+BLOCK = 16
+
+
+def random_case(seqs, heads, kv_heads, head_dim, max_len, dtype, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    num_blocks = seqs * (max_len // BLOCK + 1) + 3
+    layer_cache = torch.randn(2, num_blocks, kv_heads, BLOCK * head_dim, generator=generator).to(dtype)
+    lens = torch.randint(1, max_len + 1, (seqs,), generator=generator)
+    width = int((lens.max() + BLOCK - 1) // BLOCK)
+    tables = torch.randperm(num_blocks, generator=generator)[: seqs * width].view(seqs, width)
+    q = torch.randn(seqs, heads, head_dim, generator=generator).to(dtype)
+    meta = AttentionMetadata(torch.empty(0), torch.empty(0), seqs, tables, lens)
+    return q, layer_cache, meta
+
+
+def plain_attention(q, layer_cache, meta):
+    """Attention for each sequence alone, reading its tokens one by one from the blocks."""
+    keys, values = split_layer_cache(layer_cache, q.shape[-1])
+    outputs = []
+    for row, length in enumerate(meta.decode_context_lens.tolist()):
+        slots = [(meta.decode_block_tables[row, t // BLOCK], t % BLOCK) for t in range(length)]
+        k = torch.stack([keys[b, :, :, o] for b, o in slots], dim=1)  # (kv_heads, tokens, head_dim)
+        v = torch.stack([values[b, :, o, :] for b, o in slots], dim=1)
+        query = q[row].unsqueeze(1).float()  # (heads, 1, head_dim)
+        out = F.scaled_dot_product_attention(query[None], k.float()[None], v.float()[None], enable_gqa=True)
+        outputs.append(out[0, :, 0])
+    return torch.stack(outputs)
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 2, 32), (8, 1, 128), (4, 4, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_paths_match_plain_attention(heads, kv_heads, head_dim, dtype):
+    kernels = cpu_kernels()
+    assert kernels is not None, "the C++ kernels did not build"
+    q, layer_cache, meta = random_case(5, heads, kv_heads, head_dim, max_len=70, dtype=dtype)
+    keys, values = split_layer_cache(layer_cache, head_dim)
+    expected = plain_attention(q, layer_cache, meta)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    via_kernel = kernel_decode_attention(q, keys, values, meta, kernels)
+    via_torch = torch_decode_attention(q, keys, values, meta)
+    torch.testing.assert_close(via_kernel.float(), expected, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(via_torch.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_the_engine_uses_the_kernels_and_the_torch_path_gives_the_same_tokens(smollm2_dir, oracle):
+    prompts, expected = oracle("smollm2", 24)
+    llm = LLM(str(smollm2_dir), dtype="float32", num_kv_blocks=512)
+    model = llm.engine.runner.model
+    assert model.kernels is not None and model.lm_head.kernels is not None
+    model.use_kernels(None, attention=False)  # what a CUDA device (or a machine without a compiler) runs
+    outputs = llm.generate(prompts[:3], SamplingParams(temperature=0, max_tokens=24))
+    assert [o.outputs[0].token_ids for o in outputs] == expected[:3]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 11, MAX_KERNEL_ROWS])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_few_rows_linear_matches_torch(rows, dtype):
+    kernels = cpu_kernels()
+    generator = torch.Generator().manual_seed(rows)
+    for in_features, out_features in [(576, 960), (100, 37)]:  # 100 and 37: the tails past whole vectors
+        x = torch.randn(rows, in_features, generator=generator).to(dtype)
+        weight = torch.randn(out_features, in_features, generator=generator).to(dtype)
+        bias = torch.randn(out_features, generator=generator).to(dtype)
+        expected = F.linear(x.float(), weight.float(), bias.float())
+        tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+        for got, want in [
+            (kernels.few_rows_linear(x, weight, bias), expected),
+            (kernels.few_rows_linear(x, weight, None), expected - bias.float()),
+        ]:
+            assert got.dtype == dtype and got.shape == (rows, out_features)
+            torch.testing.assert_close(got.float(), want, atol=tolerance * in_features**0.5, rtol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_rotary_and_cache_write_kernels_match_the_torch_path(dtype):
+    kernels = cpu_kernels()
+    generator = torch.Generator().manual_seed(0)
+    exact = dtype == torch.float32
+    tolerance = {"atol": 1e-6, "rtol": 1e-5} if exact else {"atol": 2e-2, "rtol": 2e-2}
+
+    norm, head_norm = RMSNorm(96, 1e-5).to(dtype), RMSNorm(32, 1e-6).to(dtype)
+    for module in norm, head_norm:
+        module.weight.data = torch.randn(module.weight.shape, generator=generator).to(dtype)
+    x, residual = (torch.randn(5, 96, generator=generator).to(dtype) for _ in range(2))
+    expected_x, expected_residual = norm(x, residual)
+    expected_heads = head_norm(x.view(5, 3, 32))  # Qwen3's per-head norm: more than two dimensions
+    norm.kernels = head_norm.kernels = kernels
+    torch.testing.assert_close(head_norm(x.view(5, 3, 32)), expected_heads, **tolerance)
+    got_x, got_residual = norm(x.clone(), residual.clone())
+    torch.testing.assert_close(got_residual, expected_residual, atol=0, rtol=0)
+    torch.testing.assert_close(got_x, expected_x, **tolerance)
+
+    rotary = RotaryEmbedding(LlamaConfig(head_dim=64, rope_theta=10000.0), 64, max_len=300).to(dtype)
+    qkv = torch.randn(5, (4 + 2 * 2) * 64, generator=generator).to(
+        dtype
+    )  # q and k are views, as in the model
+    q, k = qkv[:, : 4 * 64].view(5, 4, 64), qkv[:, 4 * 64 : 6 * 64].view(5, 2, 64)
+    positions = torch.tensor([0, 7, 8, 100, 299])
+    expected_q, expected_k = rotary(positions, q, k)
+    rotary.kernels = kernels
+    got_q, got_k = rotary(positions, q, k)
+    assert got_q.data_ptr() == q.data_ptr(), "the kernel rotates in place"
+    torch.testing.assert_close(got_q, expected_q, **tolerance)
+    torch.testing.assert_close(got_k, expected_k, **tolerance)
+
+    layer_cache = torch.zeros(2, 6, 2, BLOCK * 64, dtype=dtype)
+    slot_blocks, slot_offsets = torch.tensor([5, 0, 5, 2, 3]), torch.tensor([0, 15, 1, 7, 9])
+    meta = AttentionMetadata(slot_blocks, slot_offsets)
+    expected_cache = layer_cache.clone()
+    keys, values = split_layer_cache(expected_cache, 64)
+    keys[slot_blocks, :, :, slot_offsets] = k
+    values[slot_blocks, :, slot_offsets, :] = q[:, :2]
+    kernels.write_kv(k, q[:, :2], layer_cache, meta.slot_blocks, meta.slot_offsets)
+    assert torch.equal(layer_cache, expected_cache)

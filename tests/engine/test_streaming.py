@@ -146,3 +146,10 @@ def test_a_caller_whose_event_loop_closed_does_not_stop_the_engine(async_engine)
     deltas = asyncio.run(asyncio.wait_for(after, timeout=60))  # a dead engine would leave it waiting
     assert deltas[-1].finish_reason is not None and async_engine.is_healthy()
     assert async_engine.call_sync(lambda: "orphan" not in async_engine.engine.sequences, timeout=30)
+
+
+def test_a_model_that_cannot_load_fails_the_constructor_not_a_later_call(tmp_path):
+    from engine.model_files import ModelLoadError
+
+    with pytest.raises(ModelLoadError):  # the engine is built on its loop thread; the error comes back here
+        AsyncEngine(EngineConfig(model=str(tmp_path), dtype="float32"))

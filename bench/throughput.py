@@ -122,36 +122,47 @@ def memory_bandwidth_limit(model: str, dtype: str) -> dict:
 
 
 def run_engine(engine: str, args) -> dict:
+    """Each scenario in a fresh process of its own, as a server runs one engine per process: a process
+    whose main thread has run torch's parallel ops slows an engine stepping on another thread (see
+    engine/async_engine.py), and the offline scenario runs on the main thread."""
     python = args.vllm_python if engine == "vllm" else sys.executable
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        command = [
-            python,
-            "-m",
-            "bench.throughput",
-            "--worker",
-            engine,
-            "--model",
-            args.model,
-            "--dtype",
-            args.dtype,
-            "--out",
-            out.name,
-            "--scenarios",
-            *args.scenarios,
-            "--rate",
-            str(args.rate),
-            "--mixed-rate",
-            str(args.mixed_rate),
-            "--online-requests",
-            str(args.online_requests),
-            "--mixed-requests",
-            str(args.mixed_requests),
-        ]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
-        started = time.perf_counter()
-        subprocess.run(command, check=True, env=env, cwd=ROOT)
-        print(f"{engine}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
-        return json.loads(Path(out.name).read_text())
+    results: dict = {}
+    started = time.perf_counter()
+    for scenario in args.scenarios:
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            command = [
+                python,
+                "-m",
+                "bench.throughput",
+                "--worker",
+                engine,
+                "--model",
+                args.model,
+                "--dtype",
+                args.dtype,
+                "--out",
+                out.name,
+                "--scenarios",
+                scenario,
+                "--rate",
+                str(args.rate),
+                "--mixed-rate",
+                str(args.mixed_rate),
+                "--online-requests",
+                str(args.online_requests),
+                "--mixed-requests",
+                str(args.mixed_requests),
+            ]
+            env = {
+                **os.environ,
+                "PYTHONPATH": str(ROOT),
+                "VLLM_CPU_KVCACHE_SPACE": "2",
+                "HF_HUB_OFFLINE": "1",
+            }
+            subprocess.run(command, check=True, env=env, cwd=ROOT)
+            results.update(json.loads(Path(out.name).read_text()))
+    print(f"{engine}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    return results
 
 
 def main() -> None:

@@ -27,14 +27,12 @@ def _load_model():
 
 
 @cache
-def _encoder_thread() -> ThreadPoolExecutor:
+def _query_thread() -> ThreadPoolExecutor:
     """One thread that runs torch with one intra-op thread (a per-thread setting under OpenMP).
 
     A query is a dozen tokens: a second thread gains little when the cores are free (~14 vs ~17 ms), but
     when the engine keeps a core busy, two OpenMP threads wait on each other and one query took ~490 ms
-    instead of ~18 ms (measured on the 2-core machine).  Passages are encoded here too: any other thread
-    that ran torch's parallel ops would keep OpenMP workers beside the engine's, and from then on the
-    engine's decode steps ran ~1.7x slower (see engine/async_engine.py)."""
+    instead of ~18 ms (measured on the 2-core machine)."""
     import torch
 
     return ThreadPoolExecutor(
@@ -48,10 +46,10 @@ class Encoder:
     def encode_passages(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, DIMENSION), dtype=np.float32)
-        return _encoder_thread().submit(self._encode, texts).result()
+        return self._encode(texts)
 
     def encode_query(self, text: str) -> np.ndarray:
-        return _encoder_thread().submit(self._encode, [text]).result()[0]
+        return _query_thread().submit(self._encode, [text]).result()[0]
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         vectors = _load_model().encode(

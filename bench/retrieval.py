@@ -78,14 +78,20 @@ def load_faq(retriever: Retriever) -> Corpus:
         retriever.add_document("faq", f"{category}.md", text)
     for hit_id, text in _all_paragraphs(retriever, "faq"):
         unit_of_paragraph[hit_id] = next(item["id"] for item in items if text in item["a"])
-    paraphrases = [json.loads(line) for line in (DATA / "faq_paraphrases.jsonl").read_text().splitlines()]
+
+    def paraphrases(file: str) -> list[Query]:
+        rows = [json.loads(line) for line in (DATA / file).read_text().splitlines()]
+        return [Query(row["query"], {row["gold_id"]}) for row in rows]
+
     return Corpus(
         "FAQ",
         "faq",
         unit_of_paragraph,
         {
             "questions": [Query(item["q"], {item["id"]}) for item in items],
-            "paraphrases": [Query(row["query"], {row["gold_id"]}) for row in paraphrases],
+            "paraphrases": paraphrases("faq_paraphrases.jsonl"),
+            # Written apart from the paraphrases above, to choose fusion settings on (see README).
+            "paraphrases_dev": paraphrases("faq_paraphrases_dev.jsonl"),
         },
     )
 

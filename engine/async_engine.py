@@ -35,9 +35,9 @@ class AsyncEngine:
         self.wakeup = threading.Event()
         self.stopping = False
         self.error: BaseException | None = None
-        # The engine is built on the loop thread too: a thread that has run torch's parallel ops keeps
-        # OpenMP workers, and with a second such thread the workers oversubscribe two cores and stop
-        # spinning between ops (a decode step took 41 ms instead of 24).
+        # The engine is built on the loop thread too: once a second thread of the process has run torch's
+        # parallel (OpenMP) ops, this thread's decode steps slow down (41 ms instead of 24, measured on
+        # 2 cores), and loading the model is such work.  Other threads doing it still cost the same.
         built: concurrent.futures.Future[LLMEngine] = concurrent.futures.Future()
         self.thread = threading.Thread(
             target=self.loop, args=(config, built), name="engine-loop", daemon=True

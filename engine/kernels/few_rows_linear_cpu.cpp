@@ -4,7 +4,7 @@
 // general matrix product reads them at half the machine's bandwidth for one row, and slower still for
 // two to eight, where every decode step of a small batch lands.  Here each weight row is read once per
 // step and multiplied with all of x's rows while it sits in registers: x's rows stay in L1, weight rows
-// stream from memory, and the two cores split the output columns.
+// stream from memory, and torch's threads split the output columns.
 //
 // x (rows, in) and weight (out, in), contiguous, the same dtype; accumulation is in float32.
 #include <ATen/Parallel.h>

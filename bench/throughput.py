@@ -126,6 +126,7 @@ def run_engine(engine: str, args) -> dict:
     whose main thread has run torch's parallel ops slows an engine stepping on another thread (see
     engine/async_engine.py), and the offline scenario runs on the main thread."""
     python = args.vllm_python if engine == "vllm" else sys.executable
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
     results: dict = {}
     started = time.perf_counter()
     for scenario in args.scenarios:
@@ -153,12 +154,6 @@ def run_engine(engine: str, args) -> dict:
                 "--mixed-requests",
                 str(args.mixed_requests),
             ]
-            env = {
-                **os.environ,
-                "PYTHONPATH": str(ROOT),
-                "VLLM_CPU_KVCACHE_SPACE": "2",
-                "HF_HUB_OFFLINE": "1",
-            }
             subprocess.run(command, check=True, env=env, cwd=ROOT)
             results.update(json.loads(Path(out.name).read_text()))
     print(f"{engine}: {time.perf_counter() - started:.0f} s", file=sys.stderr)

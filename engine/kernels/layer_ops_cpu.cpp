@@ -4,8 +4,6 @@
 // size, which adds up to a third of the step.  RMSNorm (with the residual add before it), rotary
 // embedding and the KV-cache write are the bulk of them.  Each follows transformers' formula in float32,
 // so greedy tokens stay those of transformers (tests/engine/test_greedy_equals_transformers.py).
-#include <ATen/Parallel.h>
-
 #include <cmath>
 
 #include "kernels.h"

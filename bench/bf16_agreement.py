@@ -13,11 +13,12 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from engine import LLM, SamplingParams
 from engine.sessions import common_prefix
 from tests.prompts import chat_prompts
+from tests.reference import reference_greedy, reference_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bf16.json"
 
@@ -28,14 +29,11 @@ def agreement(model_dir: str, max_tokens: int) -> dict:
     llm = LLM(model_dir, dtype="bfloat16", num_kv_blocks=512)
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     ours = [output.outputs[0].token_ids for output in llm.generate(prompts, params)]
-    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    reference = reference_model(model_dir, torch.bfloat16)
     identical = agreed = total = 0
     for prompt, tokens in zip(prompts, ours, strict=True):
-        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
-        out = reference.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False
-        )
-        expected = out[0, ids.shape[1] :].tolist()
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        expected = reference_greedy(reference, ids, max_tokens)
         common = common_prefix(expected, tokens)
         identical += expected == tokens
         agreed += common

@@ -125,8 +125,9 @@ class TransformersRunner:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.torch = torch
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"  # where our engine runs too
         self.tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
-        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
+        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).to(self.device)
         self.lock = asyncio.Lock()
 
     def generate(self, requests: list[Request], streamer=None):
@@ -137,8 +138,8 @@ class TransformersRunner:
         new = max(r.max_tokens for r in requests)
         with self.torch.inference_mode():
             out = self.model.generate(
-                input_ids=self.torch.tensor(ids),
-                attention_mask=self.torch.tensor(mask),
+                input_ids=self.torch.tensor(ids, device=self.device),
+                attention_mask=self.torch.tensor(mask, device=self.device),
                 do_sample=False,
                 max_new_tokens=new,
                 min_new_tokens=new,

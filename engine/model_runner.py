@@ -124,8 +124,8 @@ class ModelRunner:
     def write_slots(self, slots: torch.Tensor, k, v, importance, observations) -> None:
         keys, values = self.cache_views()
         blocks, offsets = slots // self.block_size, slots % self.block_size
-        keys[:, blocks, :, :, offsets] = k.transpose(0, 1).to(self.dtype)
-        values[:, blocks, :, offsets, :] = v.transpose(0, 1).to(self.dtype)
+        keys[:, blocks, :, :, offsets] = k.transpose(0, 1).to(self.kv_cache)
+        values[:, blocks, :, offsets, :] = v.transpose(0, 1).to(self.kv_cache)
         self.importance[0, slots] = importance.to(self.importance)
         self.importance[1, slots] = observations.to(self.importance)
 

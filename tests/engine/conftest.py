@@ -1,24 +1,17 @@
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from tests.prompts import chat_prompts
+from tests.reference import reference_greedy, reference_model
 
 
-def reference_greedy(
-    model_dir, prompts: list[str], max_new_tokens: int, dtype=torch.float32
-) -> list[list[int]]:
-    """transformers' own greedy generation, one unpadded prompt at a time: the oracle."""
+def reference_greedy_batch(model_dir, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    outputs = []
-    for prompt in prompts:
-        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
-        generated = model.generate(
-            ids, max_new_tokens=max_new_tokens, do_sample=False, attention_mask=torch.ones_like(ids)
-        )
-        outputs.append(generated[0, ids.shape[1] :].tolist())
-    return outputs
+    model = reference_model(model_dir)
+    return [
+        reference_greedy(model, tokenizer.encode(prompt, add_special_tokens=False), max_new_tokens)
+        for prompt in prompts
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +28,10 @@ def oracle(model_dirs):
         if (name, max_new_tokens) not in cache:
             tokenizer = AutoTokenizer.from_pretrained(model_dirs[name])
             prompts = chat_prompts(tokenizer)
-            cache[name, max_new_tokens] = prompts, reference_greedy(model_dirs[name], prompts, max_new_tokens)
+            cache[name, max_new_tokens] = (
+                prompts,
+                reference_greedy_batch(model_dirs[name], prompts, max_new_tokens),
+            )
         return cache[name, max_new_tokens]
 
     return get

@@ -2,14 +2,13 @@ import asyncio
 from dataclasses import dataclass, field
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
 from memory.sessions.config import MemoryConfig
 from memory.sessions.session_memory import SessionMemory
+from tests.reference import reference_model
 
 SYSTEM = "You are a helpful assistant for a bookshop. The customer's order number is 58213."
 QUESTIONS = [
@@ -75,17 +74,7 @@ class Conversation:
         ]
 
 
-def transformers_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    ids = torch.tensor([prompt_ids])
-    out = model.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
-    )
-    return out[0, len(prompt_ids) :].tolist()
-
-
 @pytest.fixture(scope="session")
 def hf_models(smollm2_dir, tiny_model_dirs):
     dirs = {"smollm2": smollm2_dir, "qwen3": tiny_model_dirs["qwen3"]}
-    return dirs, {
-        name: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32) for name, path in dirs.items()
-    }
+    return dirs, {name: reference_model(path) for name, path in dirs.items()}

@@ -6,7 +6,8 @@ import torch
 
 from engine.sessions import common_prefix
 from memory.sessions import kv_files
-from tests.memory.sessions.conftest import QUESTIONS, Conversation, memory_for, transformers_greedy
+from tests.memory.sessions.conftest import QUESTIONS, Conversation, memory_for
+from tests.reference import DEVICE, reference_greedy
 
 
 @pytest.mark.parametrize("model", ["smollm2", "qwen3"])
@@ -18,7 +19,7 @@ def test_five_turns_equal_transformers_recomputing_and_prefill_only_new_tokens(h
         previous_text: list[int] = []
         for question in QUESTIONS:
             turn = chat.ask(question)
-            assert turn.reply_ids == transformers_greedy(models[model], turn.prompt_ids, chat.max_tokens)
+            assert turn.reply_ids == reference_greedy(models[model], turn.prompt_ids, chat.max_tokens)
             reusable = min(common_prefix(previous_text, turn.prompt_ids), len(turn.prompt_ids) - 1)
             assert turn.cached == reusable and turn.prefilled == len(turn.prompt_ids) - reusable
             session = memory.cache.sessions["five-turns"]
@@ -116,11 +117,13 @@ def masked_greedy(
     ids = list(prompt_ids)
     for _ in range(steps):
         length = len(ids)
-        visible = torch.ones(length, length, dtype=torch.bool).tril()
-        hidden = torch.tensor(sorted(evicted), dtype=torch.long)
+        visible = torch.ones(length, length, dtype=torch.bool, device=DEVICE).tril()
+        hidden = torch.tensor(sorted(evicted), dtype=torch.long, device=DEVICE)
         visible[reused_until:, hidden] = False
         logits = model(
-            torch.tensor([ids]), attention_mask=visible[None, None], position_ids=torch.arange(length)[None]
+            torch.tensor([ids], device=DEVICE),
+            attention_mask=visible[None, None],
+            position_ids=torch.arange(length, device=DEVICE)[None],
         ).logits
         ids.append(int(logits[0, -1].argmax()))
     return ids[len(prompt_ids) :]

@@ -19,6 +19,7 @@ from engine.llm_engine import LLMEngine, Prompt, StepUpdate
 from engine.outputs import StreamDelta
 from engine.protocol import EngineStats
 from engine.sampling_params import SamplingParams
+from engine.threads import use_default_threads
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -128,6 +129,7 @@ class AsyncEngine:
         self.wakeup.set()
 
     def loop(self, config: EngineConfig, built: concurrent.futures.Future) -> None:
+        use_default_threads()  # whatever helper threads did to torch's default first (engine/threads.py)
         try:
             self.engine = LLMEngine(config)
         except BaseException as error:

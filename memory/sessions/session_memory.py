@@ -6,7 +6,6 @@ Policy runs here; the engine's SessionCache does the moving.  Budget decisions r
 run there: a writer thread saves snapshots, and a turn's KV is read back before its request is added.
 """
 
-import asyncio
 import logging
 import queue
 import threading
@@ -19,6 +18,7 @@ from engine.outputs import StreamDelta
 from engine.protocol import EngineStats
 from engine.sampling_params import SamplingParams
 from engine.sessions import EvictionRecord, SessionCache, SessionKV, SessionSnapshot
+from engine.threads import single_threaded_torch, to_passing_thread
 from memory.sessions import kv_files
 from memory.sessions.config import MemoryConfig
 from memory.sessions.eviction import choose_slots
@@ -112,7 +112,7 @@ class SessionMemory:
         """Bring the session's KV into the pool, from memory or disk; False when there is none to use."""
         if await self.engine.call(lambda: session_id in self.cache.sessions):
             return True
-        snapshot = self.pending.get(session_id) or await asyncio.to_thread(self.read, session_id)
+        snapshot = self.pending.get(session_id) or await to_passing_thread(self.read, session_id)
         if snapshot is None:
             return False
         restored = await self.engine.call(lambda: self.cache.restore(snapshot))
@@ -121,7 +121,7 @@ class SessionMemory:
 
     async def persist(self, session_id: str) -> int:
         """Write the session's KV to disk now (it stays in the pool); returns bytes written."""
-        return await asyncio.to_thread(self.save_now, session_id)
+        return await to_passing_thread(self.save_now, session_id)
 
     async def evict(self, session_id: str) -> int:
         """Move the session's KV out of the pool onto disk; returns bytes written."""
@@ -233,6 +233,7 @@ class SessionMemory:
         return written
 
     def write_loop(self) -> None:
+        single_threaded_torch()  # a live thread must not own OpenMP workers (engine/threads.py)
         while (snapshot := self.writes.get()) is not None:
             try:
                 self.write(snapshot)
@@ -240,6 +241,7 @@ class SessionMemory:
                 log.exception("session %s: could not write its KV", snapshot.session_id)
 
     def idle_loop(self) -> None:
+        single_threaded_torch()
         while not self.stopping.wait(min(5.0, self.config.idle_seconds / 4)):
             if not self.engine.is_healthy():
                 return

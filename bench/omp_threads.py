@@ -21,7 +21,7 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.default_model import default_model_dir
 from engine.sampling_params import SamplingParams
-from engine.threads import run_in_passing_thread, single_threaded_torch
+from engine.threads import DEFAULT_THREADS, run_in_passing_thread, single_threaded_torch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "omp_threads.json"
 TOKENS = 96
@@ -60,7 +60,7 @@ async def measure(engine: AsyncEngine) -> dict:
 def main() -> None:
     engine = AsyncEngine(EngineConfig(model=str(default_model_dir()), dtype="float32"))
     try:
-        results = {"decode_tokens_per_s": asyncio.run(measure(engine)), "threads": torch.get_num_threads()}
+        results = {"decode_tokens_per_s": asyncio.run(measure(engine)), "threads": DEFAULT_THREADS}
     finally:
         engine.shutdown()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -4,9 +4,9 @@ torch's CPU builds run parallel ops on OpenMP (GNU libgomp), which gives every t
 own team of worker threads, kept for as long as that thread lives.  libgomp's manual: once it manages
 more threads than there are CPUs, idle workers spin only ~100 times before they sleep.  The engine's step
 runs hundreds of short parallel regions, so then each one waits for sleeping workers to wake.  Measured
-(python -m bench.omp_threads, 2 cores): streamed decode fell from 47 to 25 tokens/s once another live
-thread had run one parallel matrix product, and stayed at 41-46 when that thread had ended or ran with
-one intra-op thread.  So torch work off the engine thread runs on a passing thread or single-threaded.
+(python -m bench.omp_threads, 2 cores, two runs): streamed decode fell from 38-47 to 22-25 tokens/s once
+another live thread had run one parallel matrix product, and stayed at 38-46 when that thread had ended
+or ran with one intra-op thread.  So torch work off the engine thread runs on a passing thread or single-threaded.
 
 torch.set_num_threads sets the calling thread's count and also the count that threads started later
 begin with: a helper that went single-threaded before the engine's thread started left the engine with

@@ -6,7 +6,8 @@ more threads than there are CPUs, idle workers spin only ~100 times before they 
 runs hundreds of short parallel regions, so then each one waits for sleeping workers to wake.  Measured
 (python -m bench.omp_threads, 2 cores, two runs): streamed decode fell from 38-47 to 22-25 tokens/s once
 another live thread had run one parallel matrix product, and stayed at 38-46 when that thread had ended
-or ran with one intra-op thread.  So torch work off the engine thread runs on a passing thread or single-threaded.
+or ran with one intra-op thread.  So torch work off the engine thread runs on a passing thread or
+single-threaded.
 
 torch.set_num_threads sets the calling thread's count and also the count that threads started later
 begin with: a helper that went single-threaded before the engine's thread started left the engine with

@@ -50,6 +50,8 @@ class ModelShape:
 
 
 class Attention(nn.Module):
+    kernels = None  # our C++ decode attention, where the device and shapes allow it
+
     def __init__(self, shape: ModelShape, rotary: RotaryEmbedding):
         super().__init__()
         self.shape = shape
@@ -62,7 +64,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps)
         self.rotary = rotary
 
-    def forward(self, positions, x, kv_cache, meta: AttentionMetadata, kernels):
+    def forward(self, positions, x, kv_cache, meta: AttentionMetadata):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.shape.num_heads, self.shape.head_dim)
         k = k.view(-1, self.shape.num_kv_heads, self.shape.head_dim)
@@ -70,7 +72,7 @@ class Attention(nn.Module):
         if self.shape.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
-        out = paged_attention(q, k, v, kv_cache, meta, kernels)
+        out = paged_attention(q, k, v, kv_cache, meta, self.kernels)
         return self.o_proj(out.flatten(1))
 
 
@@ -93,10 +95,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.mlp = MLP(shape)
 
-    def forward(self, positions, x, residual, kv_cache, meta, kernels):
+    def forward(self, positions, x, residual, kv_cache, meta):
         """This layer's output and the residual stream before it is added (the next norm adds it)."""
         x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x, kv_cache, meta, kernels)
+        x = self.self_attn(positions, x, kv_cache, meta)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -112,22 +114,22 @@ class CausalLM(nn.Module):
         self.lm_head = Linear(shape.hidden_size, shape.vocab_size, bias=False)
         if shape.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.kernels = None  # the C++ decode attention, where the device and shapes allow it
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states (tokens, hidden) after the final norm."""
         x = self.embed_tokens(input_ids)
         residual = torch.zeros_like(x)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer(positions, x, residual, kv_cache, meta, self.kernels)
+            x, residual = layer(positions, x, residual, kv_cache, meta)
         return self.norm(x, residual)[0]
 
     def use_kernels(self, kernels, attention: bool) -> None:
         """Our C++ CPU kernels for linear layers, norms and rotary and, if `attention`, for attention."""
-        self.kernels = kernels if attention else None
         for module in self.modules():
             if isinstance(module, Linear | RMSNorm | RotaryEmbedding):
                 module.kernels = kernels
+            elif isinstance(module, Attention):
+                module.kernels = kernels if attention else None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

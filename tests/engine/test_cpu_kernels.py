@@ -65,7 +65,7 @@ def test_the_engine_uses_the_kernels_and_the_torch_path_gives_the_same_tokens(sm
     prompts, expected = oracle("smollm2", 24)
     llm = LLM(str(smollm2_dir), dtype="float32", num_kv_blocks=512)
     model = llm.engine.runner.model
-    assert model.kernels is not None and model.lm_head.kernels is not None
+    assert model.layers[0].self_attn.kernels is not None and model.lm_head.kernels is not None
     model.use_kernels(None, attention=False)  # what a CUDA device (or a machine without a compiler) runs
     outputs = llm.generate(prompts[:3], SamplingParams(temperature=0, max_tokens=24))
     assert [o.outputs[0].token_ids for o in outputs] == expected[:3]

@@ -1,18 +1,23 @@
 """Does a fact told early in a chat survive eviction?  Attention-based (sinks + heavy hitters + recent)
 versus StreamingLLM (sinks + recent only), at the same budget: half of the conversation's tokens.
 
-    .venv/bin/python -m bench.eviction_quality [--conversations 24]
+    .venv/bin/python -m bench.eviction_quality [--conversations 96] [--concurrency 8]
 
 Each generated conversation states a fact in its first message (an order number, a name, a code...),
 then talks about other things, then asks for the fact.  Every conversation runs three times through
 session memory: with no eviction (the reference), and with each policy at a budget of 50% of the tokens
 the no-eviction run held before the question.  A run recalls the fact when the reply contains it.
-Results: bench/results/eviction_quality.json.
+Conversations run `--concurrency` at a time (the engine batches them; each keeps its own session).
+
+Reported: each policy's recall, its recall where the full history recalls (a fact the model cannot give
+back even without eviction says nothing about eviction), and the conversations where exactly one policy
+recalls, with an exact two-sided sign test over them.  Results: bench/results/eviction_quality.json.
 """
 
 import argparse
 import asyncio
 import json
+import math
 import random
 import tempfile
 from dataclasses import replace
@@ -50,6 +55,12 @@ FILLER = [
     "How do I make a simple tomato sauce?",
     "Why is the sky blue?",
     "What should I pack for a weekend hike?",
+    "How does a refrigerator keep food cold?",
+    "What is a good way to start learning the guitar?",
+    "Can you suggest a few board games for a family evening?",
+    "How do volcanoes form?",
+    "What are the benefits of drinking enough water?",
+    "How should I prepare for a job interview?",
 ]
 SYSTEM = "You are a helpful assistant. Remember what the user tells you."
 
@@ -87,51 +98,78 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="")
-    parser.add_argument("--conversations", type=int, default=24)
+    parser.add_argument("--conversations", type=int, default=96)
+    parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args()
     from engine.default_model import default_model_dir
 
     model = args.model or str(default_model_dir())
-    results = evaluate(model, args.conversations, args.max_tokens)
+    results = evaluate(model, args.conversations, args.max_tokens, args.concurrency)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2))
     print(json.dumps(results["summary"], indent=2))
 
 
-def evaluate(model: str, count: int, max_tokens: int, recent: int = 32) -> dict:
+def evaluate(model: str, count: int, max_tokens: int, concurrency: int, recent: int = 32) -> dict:
     engine = AsyncEngine(EngineConfig(model=model, dtype="float32"))
-    rows = []
     with tempfile.TemporaryDirectory() as data_dir:
         memory = SessionMemory(engine, MemoryConfig(Path(data_dir), session_budget_tokens=8192))
-        for index in range(count):
-            messages, value = conversation(index)
-            reply, held = asyncio.run(run(memory, f"full{index}", messages, max_tokens))
-            rows.append({"conversation": index, "fact": value, "budget": held // 2, "full": value in reply})
-            asyncio.run(memory.drop(f"full{index}"))
-        for policy, heavy in (("attention", True), ("recent", False)):
-            memory.config = replace(memory.config, recent_tokens=recent, heavy_hitters=heavy)
-            for row in rows:
-                session_id = f"{policy}{row['conversation']}"
-                memory.open_session(session_id, budget_tokens=row["budget"])
-                reply, _ = asyncio.run(
-                    run(memory, session_id, conversation(row["conversation"])[0], max_tokens)
-                )
-                row[policy] = row["fact"] in reply
-                asyncio.run(memory.close_session(session_id))
+        rows = asyncio.run(run_all(memory, count, max_tokens, concurrency, recent))
         memory.shutdown()
+    recalled = [row for row in rows if row["full"]]
+    attention_only = sum(row["attention"] and not row["recent"] for row in rows)
+    recent_only = sum(row["recent"] and not row["attention"] for row in rows)
     summary = {
         "conversations": count,
         "budget": "50% of the KV the session held before the question",
         "recall_no_eviction": recall(rows, "full"),
         "recall_attention": recall(rows, "attention"),
         "recall_recent_only": recall(rows, "recent"),
+        "recalled_without_eviction": len(recalled),
+        "of_those_attention": recall(recalled, "attention"),
+        "of_those_recent_only": recall(recalled, "recent"),
+        "only_attention_recalls": attention_only,
+        "only_recent_recalls": recent_only,
+        "sign_test_p": sign_test(attention_only, recent_only),
     }
     return {"summary": summary, "rows": rows}
 
 
+async def run_all(memory: SessionMemory, count: int, max_tokens: int, concurrency: int, recent: int):
+    limit = asyncio.Semaphore(concurrency)
+
+    async def without_eviction(index: int) -> dict:
+        async with limit:
+            messages, value = conversation(index)
+            reply, held = await run(memory, f"full{index}", messages, max_tokens)
+            await memory.drop(f"full{index}")
+            return {"conversation": index, "fact": value, "budget": held // 2, "full": value in reply}
+
+    async def with_eviction(row: dict, policy: str) -> None:
+        async with limit:
+            session_id = f"{policy}{row['conversation']}"
+            memory.open_session(session_id, budget_tokens=row["budget"])
+            reply, _ = await run(memory, session_id, conversation(row["conversation"])[0], max_tokens)
+            row[policy] = row["fact"] in reply
+            await memory.close_session(session_id)
+
+    rows = await asyncio.gather(*(without_eviction(index) for index in range(count)))
+    for policy, heavy in (("attention", True), ("recent", False)):
+        memory.config = replace(memory.config, recent_tokens=recent, heavy_hitters=heavy)
+        await asyncio.gather(*(with_eviction(row, policy) for row in rows))
+    return list(rows)
+
+
 def recall(rows: list[dict], key: str) -> float:
-    return sum(row[key] for row in rows) / len(rows)
+    return sum(row[key] for row in rows) / len(rows) if rows else float("nan")
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """Exact two-sided p-value that wins and losses this lopsided come from a fair coin."""
+    trials = wins + losses
+    tail = sum(math.comb(trials, i) for i in range(min(wins, losses) + 1)) / 2**trials
+    return min(1.0, 2 * tail)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ class ModelRunner:
             dtype=self.dtype,
             device=self.device,
         )
-        self.importance = torch.zeros(2, num_blocks * block_size, device=self.device)  # sums, observations
+        self.importance = torch.zeros(num_blocks * block_size, device=self.device)  # attention received
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         if self.device.type == "cpu":
             model.use_kernels(cpu_kernels(), attention=attention_kernels_fit(shape, block_size))
@@ -113,21 +113,20 @@ class ModelRunner:
 
     @torch.inference_mode()
     def read_slots(self, slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(keys, values) as (layers, slots, kv_heads, head_dim), then importance sums and observations."""
+        """(keys, values) as (layers, slots, kv_heads, head_dim), then the slots' importance."""
         keys, values = self.cache_views()
         blocks, offsets = slots // self.block_size, slots % self.block_size
         k = keys[:, blocks, :, :, offsets].transpose(0, 1)
         v = values[:, blocks, :, offsets, :].transpose(0, 1)
-        return k, v, self.importance[0, slots], self.importance[1, slots]
+        return k, v, self.importance[slots]
 
     @torch.inference_mode()
-    def write_slots(self, slots: torch.Tensor, k, v, importance, observations) -> None:
+    def write_slots(self, slots: torch.Tensor, k, v, importance) -> None:
         keys, values = self.cache_views()
         blocks, offsets = slots // self.block_size, slots % self.block_size
         keys[:, blocks, :, :, offsets] = k.transpose(0, 1).to(self.kv_cache)
         values[:, blocks, :, offsets, :] = v.transpose(0, 1).to(self.kv_cache)
-        self.importance[0, slots] = importance.to(self.importance)
-        self.importance[1, slots] = observations.to(self.importance)
+        self.importance[slots] = importance.to(self.importance)
 
     def cache_views(self) -> tuple[torch.Tensor, torch.Tensor]:
         layers, _, blocks, kv_heads, width = self.kv_cache.shape

@@ -57,7 +57,6 @@ class SessionSnapshot:
     keys: torch.Tensor  # (layers, slots, kv_heads, head_dim), on the CPU
     values: torch.Tensor
     importance: torch.Tensor  # (slots,) attention received, summed
-    observations: torch.Tensor  # (slots,) queries that could attend each slot
     evicted_tokens: int = 0
     evictions: list[EvictionRecord] = field(default_factory=list)
 
@@ -176,7 +175,7 @@ class SessionCache:
         session = self.idle(session_id)
         keep = list(range(session.num_slots)) if keep is None else keep
         slots = self.runner.slot_ids(session.block_ids, session.num_slots)[keep]
-        keys, values, importance, observations = (t.cpu().clone() for t in self.runner.read_slots(slots))
+        keys, values, importance = (t.cpu().clone() for t in self.runner.read_slots(slots))
         return SessionSnapshot(
             session_id,
             list(session.text_token_ids),
@@ -185,7 +184,6 @@ class SessionCache:
             keys,
             values,
             importance,
-            observations,
             session.evicted_tokens,
             list(session.evictions),
         )
@@ -201,9 +199,7 @@ class SessionCache:
             return False
         block_ids = [self.block_manager.allocate_block().block_id for _ in range(needed)]
         slots = self.runner.slot_ids(block_ids, len(snapshot.token_ids))
-        self.runner.write_slots(
-            slots, snapshot.keys, snapshot.values, snapshot.importance, snapshot.observations
-        )
+        self.runner.write_slots(slots, snapshot.keys, snapshot.values, snapshot.importance)
         self.sessions[snapshot.session_id] = SessionKV(
             snapshot.session_id,
             list(snapshot.text_token_ids),
@@ -229,11 +225,9 @@ class SessionCache:
         return record
 
     def importance(self, session_id: str) -> torch.Tensor:
-        """Mean attention each slot received per query that could see it (CPU, float32)."""
+        """Attention each slot received, summed over layers, heads and queries (CPU, float32)."""
         session = self.sessions[session_id]
-        slots = self.runner.slot_ids(session.block_ids, session.num_slots)
-        sums, observations = self.runner.importance[:, slots]
-        return (sums / observations.clamp(min=1)).cpu()
+        return self.runner.importance[self.runner.slot_ids(session.block_ids, session.num_slots)].cpu()
 
     def drop(self, session_id: str) -> None:
         session = self.sessions.pop(session_id, None)

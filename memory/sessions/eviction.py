@@ -2,11 +2,16 @@
 
 Kept whole: the attention sinks (the first tokens), a protected prefix (the system prompt, when the chat
 service says how long it is) and the most recent tokens.  From the middle, the heavy hitters: the slots
-with the highest mean attention received (engine/layers/importance.py), averaged over layers and heads,
+with the most attention received (engine/layers/importance.py), summed over layers and heads,
 because one layer's or head's view is noisy and one score per token is what a token-level keep needs.
+Scores are max-pooled over neighbouring slots first (SnapKV's clustering), so a kept token brings the
+tokens around it: a fact is a span (an order number is five digit tokens), and a lone digit is no fact.
 """
 
 import torch
+import torch.nn.functional as F
+
+POOL = 7  # slots a score spreads over: the token and three on each side
 
 
 def choose_slots(
@@ -30,7 +35,8 @@ def choose_slots(
     middle = [i for i in range(count) if i not in always]
     room = budget - len(always)
     if heavy_hitters:
-        ranked = sorted(middle, key=lambda i: float(importance[i]), reverse=True)
+        pooled = F.max_pool1d(importance.float()[None, None], POOL, stride=1, padding=POOL // 2)[0, 0]
+        ranked = sorted(middle, key=lambda i: (float(pooled[i]), float(importance[i])), reverse=True)
         chosen = ranked[:room]
     else:
         chosen = middle[-room:]  # StreamingLLM: the window simply reaches further back

@@ -17,9 +17,9 @@ from safetensors.torch import load_file, save_file
 
 from engine.sessions import EvictionRecord, SessionSnapshot
 
-FORMAT = "kvchat-session-kv-1"
+FORMAT = "kvchat-session-kv-2"  # 2: importance summed; no per-slot observation counts
 SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-TENSOR_NAMES = ("keys", "values", "importance", "observations", "token_ids", "positions", "text_token_ids")
+TENSOR_NAMES = ("keys", "values", "importance", "token_ids", "positions", "text_token_ids")
 
 
 class SnapshotError(ValueError):
@@ -69,7 +69,6 @@ def load(path: Path, fingerprint: str, dtype: torch.dtype) -> SessionSnapshot:
         keys=tensors["keys"],
         values=tensors["values"],
         importance=tensors["importance"],
-        observations=tensors["observations"],
         evicted_tokens=int(metadata["evicted_tokens"]),
         evictions=[eviction_record(record) for record in json.loads(metadata["evictions"])],
     )
@@ -94,7 +93,6 @@ def tensors_of(snapshot: SessionSnapshot) -> dict[str, torch.Tensor]:
         "keys": snapshot.keys.contiguous(),
         "values": snapshot.values.contiguous(),
         "importance": snapshot.importance.float().contiguous(),
-        "observations": snapshot.observations.float().contiguous(),
         "token_ids": torch.tensor(snapshot.token_ids, dtype=torch.long),
         "positions": torch.tensor(snapshot.positions, dtype=torch.long),
         "text_token_ids": torch.tensor(snapshot.text_token_ids, dtype=torch.long),

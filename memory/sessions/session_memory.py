@@ -42,7 +42,7 @@ class SessionInfo:
     evicted_tokens: int = 0
     bytes_on_disk: int = 0
     positions: list[int] = field(default_factory=list)  # text position of each slot
-    importance: list[float] = field(default_factory=list)  # mean attention each slot received
+    importance: list[float] = field(default_factory=list)  # attention each slot received, summed
     evictions: list[EvictionRecord] = field(default_factory=list)
     warning: str | None = None  # the last reason a saved KV could not be used
 

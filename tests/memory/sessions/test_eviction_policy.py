@@ -10,11 +10,19 @@ def test_everything_is_kept_within_budget():
 
 
 def test_sinks_recent_and_the_most_attended_middle_tokens_are_kept():
-    positions = list(range(20))
-    importance = torch.zeros(20)
-    importance[[7, 11]] = torch.tensor([0.9, 0.5])
-    kept = choose_slots(positions, importance, budget=8, sinks=2, recent=4)
-    assert kept == [0, 1, 7, 11, 16, 17, 18, 19]
+    positions = list(range(40))
+    importance = torch.zeros(40)
+    importance[[8, 24]] = torch.tensor([0.9, 0.5])
+    kept = choose_slots(positions, importance, budget=20, sinks=2, recent=4)
+    assert kept == [0, 1, *range(5, 12), *range(21, 28), 36, 37, 38, 39]  # each with three neighbours a side
+
+
+def test_a_heavy_hitter_brings_its_neighbours_before_weaker_hitters_further_away():
+    importance = torch.zeros(40)
+    importance[[20, 21, 22]] = torch.tensor([0.1, 0.9, 0.2])
+    importance[8] = 0.5
+    kept = choose_slots(list(range(40)), importance, budget=9, sinks=2, recent=4)
+    assert kept == [0, 1, 20, 21, 22, 36, 37, 38, 39]
 
 
 def test_the_baseline_keeps_sinks_and_the_latest_tokens_only():

@@ -17,7 +17,6 @@ def snapshot(dtype=torch.float32) -> SessionSnapshot:
         keys,
         keys * 2,
         torch.rand(5),
-        torch.ones(5),
         evicted_tokens=1,
         evictions=[record],
     )

@@ -42,6 +42,25 @@ inline vfloat load_lanes<c10::BFloat16>(const c10::BFloat16* source) {
   return v;
 }
 
+// 2 * kLanes consecutive values as two vectors, for dot products, which do not care in what order their
+// terms come as long as both sides share it.  Floats come in order.  bf16 values come as the even- and
+// the odd-indexed ones: a shift and a mask per vector, where widening them in order takes four shuffles,
+// and a shuffle port that can run only one per cycle left our bf16 matrix product at half the bandwidth.
+template <typename T>
+inline void load_pair(const T* source, vfloat& first, vfloat& second) {
+  first = load_lanes(source);
+  second = load_lanes(source + kLanes);
+}
+
+template <>
+inline void load_pair<c10::BFloat16>(const c10::BFloat16* source, vfloat& first, vfloat& second) {
+  vword words;
+  std::memcpy(&words, source, sizeof(words));
+  const vword even = words << 16, odd = words & 0xffff0000u;  // little-endian: value 2i is word i's low half
+  std::memcpy(&first, &even, sizeof(first));
+  std::memcpy(&second, &odd, sizeof(second));
+}
+
 inline float horizontal_sum(vfloat v) {
   float values[kLanes];
   std::memcpy(values, &v, sizeof(v));

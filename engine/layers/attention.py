@@ -53,10 +53,12 @@ def paged_attention(q, k, v, layer_cache: torch.Tensor, meta: AttentionMetadata,
     else:
         key_cache[meta.slot_blocks, :, :, meta.slot_offsets] = k
         value_cache[meta.slot_blocks, :, meta.slot_offsets, :] = v
-    out = torch.empty_like(q)
     decodes = meta.num_decode_tokens
+    attend = kernel_decode_attention if kernels is not None else torch_decode_attention
+    if not meta.prefills:  # a pure decode step: nothing to assemble
+        return attend(q, key_cache, value_cache, meta, kernels)
+    out = torch.empty_like(q)
     if decodes:
-        attend = kernel_decode_attention if kernels is not None else torch_decode_attention
         out[:decodes] = attend(q[:decodes], key_cache, value_cache, meta, kernels)
     for index, chunk in enumerate(meta.prefills):
         out[chunk.start : chunk.end] = prefill_attention(

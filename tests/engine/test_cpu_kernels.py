@@ -13,7 +13,7 @@ from engine.layers.attention import (
     split_layer_cache,
     torch_decode_attention,
 )
-from engine.layers.linear import MAX_KERNEL_ROWS
+from engine.layers.linear import MAX_KERNEL_ROWS, Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 
@@ -76,7 +76,7 @@ def test_the_engine_uses_the_kernels_and_the_torch_path_gives_the_same_tokens(sm
 def test_few_rows_linear_matches_torch(rows, dtype):
     kernels = cpu_kernels()
     generator = torch.Generator().manual_seed(rows)
-    for in_features, out_features in [(576, 960), (100, 37)]:  # 100 and 37: the tails past whole vectors
+    for in_features, out_features in [(576, 960), (100, 37), (120, 5)]:  # the tails past whole vectors
         x = torch.randn(rows, in_features, generator=generator).to(dtype)
         weight = torch.randn(out_features, in_features, generator=generator).to(dtype)
         bias = torch.randn(out_features, generator=generator).to(dtype)
@@ -131,3 +131,15 @@ def test_norm_rotary_and_cache_write_kernels_match_the_torch_path(dtype):
     values[slot_blocks, :, slot_offsets, :] = q[:, :2]
     kernels.write_kv(k, q[:, :2], layer_cache, meta.slot_blocks, meta.slot_offsets)
     assert torch.equal(layer_cache, expected_cache)
+
+
+def test_a_bf16_prefill_product_is_a_float32_product_rounded_once():
+    """Past the kernel's rows, bf16 goes to torch: widened to float32 where the CPU has no bf16 units."""
+    generator = torch.Generator().manual_seed(2)
+    layer = Linear(576, 960, bias=True).to(torch.bfloat16)
+    layer.kernels = cpu_kernels()
+    x = torch.randn(MAX_KERNEL_ROWS + 36, 576, generator=generator).to(torch.bfloat16)
+    got = layer(x)
+    expected = F.linear(x.float(), layer.weight.float(), layer.bias.float())
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, atol=2e-2 * 576**0.5, rtol=2e-2)

@@ -33,13 +33,48 @@ def agreement(model_dir: str, max_tokens: int) -> dict:
     prompt_ids = [tokenizer.encode(prompt, add_special_tokens=False) for prompt in prompts]
     bf16 = reference_runs(model_dir, torch.bfloat16, prompt_ids, max_tokens)
     float32 = reference_runs(model_dir, torch.float32, prompt_ids, max_tokens)
+    ours_logits = first_token_logits(llm, prompt_ids)
+    exact_logits = reference_logits(model_dir, torch.float32, prompt_ids)
     return {
         "prompts": len(prompts),
         "ours_vs_transformers_bf16": compare(ours, bf16),
         # Which bf16 run stays closer to the float32 result (the one the tests prove ours equal to):
         "ours_bf16_vs_float32": compare(ours, float32),
         "transformers_bf16_vs_float32": compare(bf16, float32),
+        # Before any greedy choice: RMS distance of each prompt's first-token logits from float32's.
+        "first_token_logits_rms_from_float32": {
+            "ours_bf16": rms_distances(ours_logits, exact_logits),
+            "transformers_bf16": rms_distances(
+                reference_logits(model_dir, torch.bfloat16, prompt_ids), exact_logits
+            ),
+        },
     }
+
+
+def first_token_logits(llm: LLM, prompt_ids: list[list[int]]) -> list[torch.Tensor]:
+    """The logits our engine samples the first token from, caught at the model's output."""
+    model = llm.engine.runner.model
+    caught = []
+    compute_logits = model.logits
+    model.logits = lambda hidden: caught.append(compute_logits(hidden)) or caught[-1]
+    for ids in prompt_ids:
+        llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=1))
+    model.logits = compute_logits
+    return [logits[-1].float() for logits in caught]
+
+
+@torch.no_grad()
+def reference_logits(model_dir: str, dtype: torch.dtype, prompt_ids: list[list[int]]) -> list[torch.Tensor]:
+    reference = reference_model(model_dir, dtype)
+    device = next(reference.parameters()).device
+    return [reference(torch.tensor([ids], device=device)).logits[0, -1].float().cpu() for ids in prompt_ids]
+
+
+def rms_distances(logits: list[torch.Tensor], exact: list[torch.Tensor]) -> list[float]:
+    return [
+        round((got.cpu() - want).pow(2).mean().sqrt().item(), 4)
+        for got, want in zip(logits, exact, strict=True)
+    ]
 
 
 def reference_runs(model_dir: str, dtype: torch.dtype, prompt_ids: list[list[int]], max_tokens: int):

@@ -6,7 +6,8 @@
 // step and multiplied with all of x's rows while it sits in registers: x's rows stay in L1, weight rows
 // stream from memory, and torch's threads split the output columns.
 //
-// x (rows, in) and weight (out, in), contiguous, the same dtype; accumulation is in float32.
+// x (rows, in) and weight (out, in), contiguous, the same dtype.  x is converted to float32 once per call,
+// bf16 weights are widened in registers (load_pair in simd.h), and accumulation is in float32.
 #include <ATen/Parallel.h>
 
 #include "kernels.h"
@@ -49,10 +50,10 @@ void tile(const float* x, const T* weight, const float* bias, T* out, int64_t in
   }
 }
 
-// ROWS rows of x against `count` weight rows from `column`.  One or two rows of x are bound by memory, and
-// read the weights one row at a time, in address order, which the hardware prefetchers follow best (bf16
-// weights: 26 against 19 GB/s when 8 weight rows were read side by side).  Four rows of x take two
-// weight rows at a time, as many accumulators as AVX2 has registers for.
+// ROWS rows of x against `count` weight rows from `column`.  One or two rows of x are bound by memory,
+// and read the weights one row at a time, in address order, which the hardware prefetchers follow best
+// (all of SmolLM2's bf16 layers at one row: 10-11 ms, against 16 ms reading 8 weight rows side by side).
+// Four rows of x take two weight rows at a time, as many accumulators as AVX2 has registers for.
 template <typename T, int ROWS>
 void columns(const float* x, const T* weight, const float* bias, T* out, int64_t in, int64_t out_features,
              int64_t column, int64_t count) {

@@ -45,27 +45,17 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """Where torch alone computes bf16 fast: on CUDA and on CPUs with bf16 units (the peers' rule)."""
+    """auto: bf16 on CUDA and on CPUs with bf16 units.
+
+    Elsewhere float32: our kernels make bf16 fast there too (batch-1 decode 1.3-1.5x float32's, prefill
+    as fast), but in bf16 SmolLM2-135M answered the API tests' "What is the capital of France?" under the
+    server's system prompt with "L'Etoile, la Marseillaise," instead of Paris, so bf16 stays a choice.
+    """
     if name != "auto":
         return DTYPES[name]
     if device.type == "cuda":
         return torch.bfloat16
     return torch.bfloat16 if cpu_has_bf16_units() else torch.float32
-
-
-def resolve_engine_dtype(name: str, device: torch.device) -> torch.dtype:
-    """Our engine's auto: bf16 also on CPUs without bf16 units, wherever our C++ kernels run.
-
-    They widen bf16 weights in registers, so a decode step reads half the bytes of float32 (batch 1:
-    1.3x the tokens per second on our AVX2 machine), and prefill widens each product to float32
-    (layers/linear.py), as fast as float32 there; KV blocks take half the memory.
-    """
-    if name == "auto" and device.type == "cpu":
-        from engine.kernels import cpu_kernels
-
-        if cpu_kernels() is not None:
-            return torch.bfloat16
-    return resolve_dtype(name, device)
 
 
 @functools.cache

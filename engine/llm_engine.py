@@ -10,7 +10,7 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig
 
 from engine.block_manager import BlockManager
-from engine.config import EngineConfig, resolve_device, resolve_engine_dtype
+from engine.config import EngineConfig, resolve_device, resolve_dtype
 from engine.detokenizer import Detokenizer
 from engine.model_files import weight_files
 from engine.model_runner import ModelRunner
@@ -38,7 +38,7 @@ class LLMEngine:
         self.config = config
         hf_config = load_hf_config(config.model)
         self.device = resolve_device(config.device)
-        self.dtype = resolve_engine_dtype(config.dtype, self.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
         self.max_model_len = min(
             config.max_model_len or hf_config.max_position_embeddings, hf_config.max_position_embeddings
         )

@@ -31,10 +31,8 @@ def agreement(model_dir: str, max_tokens: int) -> dict:
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     ours = [output.outputs[0].token_ids for output in llm.generate(prompts, params)]
     prompt_ids = [tokenizer.encode(prompt, add_special_tokens=False) for prompt in prompts]
-    bf16 = reference_runs(model_dir, torch.bfloat16, prompt_ids, max_tokens)
-    float32 = reference_runs(model_dir, torch.float32, prompt_ids, max_tokens)
-    ours_logits = first_token_logits(llm, prompt_ids)
-    exact_logits = reference_logits(model_dir, torch.float32, prompt_ids)
+    bf16, bf16_logits = reference_outputs(model_dir, torch.bfloat16, prompt_ids, max_tokens)
+    float32, float32_logits = reference_outputs(model_dir, torch.float32, prompt_ids, max_tokens)
     return {
         "prompts": len(prompts),
         "ours_vs_transformers_bf16": compare(ours, bf16),
@@ -43,10 +41,8 @@ def agreement(model_dir: str, max_tokens: int) -> dict:
         "transformers_bf16_vs_float32": compare(bf16, float32),
         # Before any greedy choice: RMS distance of each prompt's first-token logits from float32's.
         "first_token_logits_rms_from_float32": {
-            "ours_bf16": rms_distances(ours_logits, exact_logits),
-            "transformers_bf16": rms_distances(
-                reference_logits(model_dir, torch.bfloat16, prompt_ids), exact_logits
-            ),
+            "ours_bf16": rms_distances(first_token_logits(llm, prompt_ids), float32_logits),
+            "transformers_bf16": rms_distances(bf16_logits, float32_logits),
         },
     }
 
@@ -63,13 +59,6 @@ def first_token_logits(llm: LLM, prompt_ids: list[list[int]]) -> list[torch.Tens
     return [logits[-1].float() for logits in caught]
 
 
-@torch.no_grad()
-def reference_logits(model_dir: str, dtype: torch.dtype, prompt_ids: list[list[int]]) -> list[torch.Tensor]:
-    reference = reference_model(model_dir, dtype)
-    device = next(reference.parameters()).device
-    return [reference(torch.tensor([ids], device=device)).logits[0, -1].float().cpu() for ids in prompt_ids]
-
-
 def rms_distances(logits: list[torch.Tensor], exact: list[torch.Tensor]) -> list[float]:
     return [
         round((got.cpu() - want).pow(2).mean().sqrt().item(), 4)
@@ -77,9 +66,14 @@ def rms_distances(logits: list[torch.Tensor], exact: list[torch.Tensor]) -> list
     ]
 
 
-def reference_runs(model_dir: str, dtype: torch.dtype, prompt_ids: list[list[int]], max_tokens: int):
+@torch.no_grad()
+def reference_outputs(model_dir: str, dtype: torch.dtype, prompt_ids: list[list[int]], max_tokens: int):
+    """transformers' greedy runs and the logits of each prompt's first token."""
     reference = reference_model(model_dir, dtype)
-    return [reference_greedy(reference, ids, max_tokens) for ids in prompt_ids]
+    device = next(reference.parameters()).device
+    runs = [reference_greedy(reference, ids, max_tokens) for ids in prompt_ids]
+    logits = [reference(torch.tensor([ids], device=device)).logits[0, -1].float().cpu() for ids in prompt_ids]
+    return runs, logits
 
 
 def compare(runs: list[list[int]], expected_runs: list[list[int]]) -> dict:

@@ -166,9 +166,7 @@ def main() -> None:
     )
     parser.add_argument("--model", default="")
     parser.add_argument(
-        "--dtype",
-        default="auto",
-        help="float32 or bfloat16, for every engine; auto = what torch computes fast",
+        "--dtype", default="auto", help="float32 or bfloat16; auto = what our engine picks here"
     )
     parser.add_argument("--engines", nargs="+", default=["transformers", "ours", "vllm"])
     parser.add_argument("--scenarios", nargs="+", default=["offline", "online", "batch1", "mixed"])

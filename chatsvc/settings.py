@@ -26,8 +26,7 @@ class Settings(BaseSettings):
     model: str = Field("", description="Hugging Face model folder; empty = the bundled SmolLM2-135M-Instruct")
     model_cache_dir: Path = Field(DEFAULT_CACHE_DIR, description="where the bundled model is converted to")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto",
-        description="weights and KV dtype; auto = bfloat16 where the CPU has bf16 units, else float32",
+        "auto", description="weights and KV dtype; auto = bfloat16 where the CPU has bf16 units, else float32"
     )
     device: str = Field(
         "auto", description="torch device: auto (cuda when present, else cpu), cpu, cuda, cuda:1"

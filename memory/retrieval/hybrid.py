@@ -53,6 +53,8 @@ def rank(
     if mode == Mode.DENSE:
         return _top_by(cosine, bm25, cosine, ids, k)
     pool = np.union1d(_top(bm25, CANDIDATES_PER_LIST, positive_only=True), _top(cosine, CANDIDATES_PER_LIST))
+    if not len(pool):
+        return []
     fused = DENSE_WEIGHT * _standardised(cosine[pool]) + (1 - DENSE_WEIGHT) * _standardised(bm25[pool])
     scores = np.full(len(ids), -np.inf, dtype=np.float64)
     scores[pool] = fused

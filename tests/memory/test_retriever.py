@@ -126,6 +126,16 @@ def test_delete_collection_forgets_everything(make_retriever):
     assert make_retriever().search("flight", ["session:1"]) == []
 
 
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid"])
+def test_a_collection_whose_documents_were_all_deleted_finds_nothing(make_retriever, mode):
+    retriever = make_retriever()
+    document = retriever.add_document("kb:1", "permits.md", PERMITS)
+    assert retriever.search("building permit weeks", ["kb:1"], mode=mode)
+    retriever.delete_document(document.id)  # its slots stay in the loaded index, dead
+    assert retriever.search("building permit weeks", ["kb:1"], mode=mode) == []
+
+
 def test_caller_mistakes_raise_value_errors(make_retriever, tmp_path, count_tokens):
     retriever = make_retriever()
     with pytest.raises(ValueError, match="query is empty"):

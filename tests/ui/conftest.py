@@ -155,5 +155,8 @@ def wait_reply(page) -> None:
 
 
 def last_reply_text(page) -> str:
-    replies = page.locator("#chat .bot")
-    return replies.nth(replies.count() - 1).inner_text() if replies.count() else ""
+    """Read in one script: counting bubbles, then reading the last, races the stream's re-render."""
+    return page.evaluate(
+        "() => { const b = document.querySelectorAll('#chat .bot'); "
+        "return b.length ? b[b.length - 1].innerText : ''; }"
+    )

@@ -13,6 +13,12 @@ torch::Tensor paged_qk(torch::Tensor q, torch::Tensor k_cache, torch::Tensor blo
 torch::Tensor paged_pv(torch::Tensor probs, torch::Tensor v_cache, torch::Tensor block_tables,
                        torch::Tensor context_lens);
 
+// Prefill attention of one chunk over the paged KV cache, and the attention each token received from the
+// chunk's last `window` positions (prefill_attention_cpu.cpp).
+std::tuple<torch::Tensor, torch::Tensor> paged_prefill_attention(torch::Tensor q, torch::Tensor k_cache,
+                                                                 torch::Tensor v_cache, torch::Tensor block_table,
+                                                                 int64_t cached, double scale, int64_t window);
+
 // x @ weight.T + bias for a few rows of x (few_rows_linear_cpu.cpp).
 torch::Tensor few_rows_linear(torch::Tensor x, torch::Tensor weight, std::optional<torch::Tensor> bias);
 

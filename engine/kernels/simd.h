@@ -61,6 +61,32 @@ inline void load_pair<c10::BFloat16>(const c10::BFloat16* source, vfloat& first,
   std::memcpy(&second, &odd, sizeof(second));
 }
 
+typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+inline vfloat splat(float x) { return vfloat{} + x; }
+
+// e^x for x <= 0 (softmax after subtracting the row maximum), within 2 ulp of std::exp; exactly 0 below
+// -87, where float32's normal range ends, so masked (-inf) scores get no weight at all.
+inline vfloat exp_lanes(vfloat x) {
+  const vint underflow = x < splat(-87.0f);
+  x = underflow ? splat(-87.0f) : x;
+  // x = n ln2 + r with |r| <= ln2 / 2; the constant rounds x / ln2 to the nearest integer.
+  const vfloat round = splat(12582912.0f);  // 1.5 * 2^23
+  const vfloat n = (x * splat(1.44269504f) + round) - round;
+  const vfloat r = (x - n * splat(0.693359375f)) + n * splat(2.12194440e-4f);
+  // Cephes' expf polynomial for e^r.
+  vfloat p = splat(1.9875691500e-4f);
+  p = p * r + splat(1.3981999507e-3f);
+  p = p * r + splat(8.3334519073e-3f);
+  p = p * r + splat(4.1665795894e-2f);
+  p = p * r + splat(1.6666665459e-1f);
+  p = p * r + splat(5.0000001201e-1f);
+  p = p * r * r + r + splat(1.0f);
+  const vint two_to_n = (__builtin_convertvector(n, vint) + 127) << 23;  // a float's exponent bits
+  const vfloat result = p * (vfloat)two_to_n;  // a cast between vector types keeps the bits
+  return (vfloat)((vint)result & ~underflow);
+}
+
 inline float horizontal_sum(vfloat v) {
   float values[kLanes];
   std::memcpy(values, &v, sizeof(v));

@@ -2,8 +2,8 @@
 
 New keys and values are written to their slots first; then every query reads its sequence's keys and
 values through the sequence's block table.  Single-token queries (decodes) of all sequences go through
-one batched call: our C++ kernel on the CPU, which reads the blocks in place, or gathered blocks and
-torch's SDPA elsewhere.  Each multi-token prefill chunk gets its own SDPA call, large enough to amortise.
+one batched call; each multi-token prefill chunk gets its own call, large enough to amortise.  On the CPU
+both are our C++ kernels, which read the blocks in place; elsewhere, gathered blocks and torch's SDPA.
 
 Layout of one layer's cache, (2, blocks, kv_heads, block_size * head_dim): keys are stored transposed
 per block, (head_dim, block_size), values as (block_size, head_dim); see kernels/paged_attention_cpu.cpp.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from engine.layers.importance import ImportanceTracker
+from engine.layers.importance import WINDOW, ImportanceTracker, window_attention_received
 
 
 @dataclass
@@ -23,6 +23,10 @@ class PrefillChunk:
     end: int
     block_ids: torch.Tensor  # the sequence's blocks covering its context
     mask: torch.Tensor  # (chunk tokens, context tokens): causal, offset by the tokens already cached
+
+    @property
+    def num_cached(self) -> int:
+        return self.mask.shape[1] - (self.end - self.start)
 
 
 @dataclass
@@ -61,8 +65,9 @@ def paged_attention(q, k, v, layer_cache: torch.Tensor, meta: AttentionMetadata,
     if decodes:
         out[:decodes] = attend(q[:decodes], key_cache, value_cache, meta, kernels)
     for index, chunk in enumerate(meta.prefills):
-        out[chunk.start : chunk.end] = prefill_attention(
-            q[chunk.start : chunk.end], key_cache, value_cache, chunk, index, meta.importance
+        prefill = kernel_prefill_attention if kernels is not None else torch_prefill_attention
+        out[chunk.start : chunk.end] = prefill(
+            q[chunk.start : chunk.end], key_cache, value_cache, chunk, index, meta.importance, kernels
         )
     return out
 
@@ -101,7 +106,19 @@ def torch_decode_attention(q, key_cache, value_cache, meta: AttentionMetadata, k
     return out.reshape(decodes, heads, head_dim)
 
 
-def prefill_attention(q, key_cache, value_cache, chunk: PrefillChunk, index: int, importance) -> torch.Tensor:
+def kernel_prefill_attention(q, key_cache, value_cache, chunk: PrefillChunk, index: int, importance, kernels):
+    window = WINDOW if importance is not None else 0
+    out, received = kernels.paged_prefill_attention(
+        q, key_cache, value_cache, chunk.block_ids, chunk.num_cached, q.shape[-1] ** -0.5, window
+    )
+    if importance is not None:
+        importance.add_prefill(index, received)
+    return out
+
+
+def torch_prefill_attention(
+    q, key_cache, value_cache, chunk: PrefillChunk, index: int, importance, kernels=None
+):
     context = chunk.mask.shape[1]
     keys, values = gather_context(key_cache, value_cache, chunk.block_ids)
     keys, values = keys[:, :context], values[:, :context]
@@ -113,5 +130,5 @@ def prefill_attention(q, key_cache, value_cache, chunk: PrefillChunk, index: int
         enable_gqa=True,
     )
     if importance is not None:
-        importance.add_prefill_window(index, q, keys, chunk.mask)
+        importance.add_prefill(index, window_attention_received(q, keys, chunk.mask))
     return out.squeeze(0).transpose(0, 1)

@@ -4,7 +4,8 @@ Two sources, both summed over layers and heads into one score per KV slot:
 - decoding (H2O's accumulation): every generated token's attention probabilities over its context,
   which the decode path computes anyway;
 - prefill (SnapKV's observation window): the last WINDOW queries of each prefill chunk, whose
-  probabilities are recomputed for those few rows, since fused SDPA does not return them.
+  probabilities our CPU prefill kernel sums as it goes; on the torch path they are recomputed for those
+  few rows, since fused SDPA does not return them.
 Summed, not averaged per query that could see a slot: the mean favours recent tokens (queries look
 mostly nearby), so it dropped an early fact before the filler after it.  Attention-based eviction
 recalled the fact in 11 of 48 conversations with the sum (18 with memory/sessions/eviction.py's pooling),
@@ -43,11 +44,16 @@ class ImportanceTracker:
         # probs: (decodes, heads, max_context), exactly 0 past each context
         self.store.index_add_(0, self.decode_slots.flatten(), probs.sum(dim=1).flatten().float())
 
-    def add_prefill_window(self, index: int, q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> None:
-        # q: (chunk, heads, head_dim); keys: (kv_heads, context, head_dim); mask: (chunk, context)
-        rows = min(WINDOW, q.shape[0])
-        window = q[-rows:].transpose(0, 1).float()  # (heads, rows, head_dim)
-        group = q.shape[1] // keys.shape[0]
-        scores = window @ keys.float().repeat_interleave(group, dim=0).transpose(1, 2) * q.shape[-1] ** -0.5
-        probs = scores.masked_fill(~mask[-rows:], float("-inf")).softmax(dim=-1)
-        self.store.index_add_(0, self.prefill_slots[index], probs.sum(dim=(0, 1)))
+    def add_prefill(self, index: int, received: torch.Tensor) -> None:
+        """received: (context,) attention the prefill chunk's last WINDOW queries gave each position."""
+        self.store.index_add_(0, self.prefill_slots[index], received)
+
+
+def window_attention_received(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The attention probabilities of the last WINDOW queries, summed over them and their heads.
+    q: (chunk, heads, head_dim); keys: (kv_heads, context, head_dim); mask: (chunk, context)."""
+    rows = min(WINDOW, q.shape[0])
+    window = q[-rows:].transpose(0, 1).float()  # (heads, rows, head_dim)
+    group = q.shape[1] // keys.shape[0]
+    scores = window @ keys.float().repeat_interleave(group, dim=0).transpose(1, 2) * q.shape[-1] ** -0.5
+    return scores.masked_fill(~mask[-rows:], float("-inf")).softmax(dim=-1).sum(dim=(0, 1))

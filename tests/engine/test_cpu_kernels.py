@@ -1,4 +1,5 @@
-"""Our C++ CPU kernels match the torch path: decode attention, few-row linears, norms, rotary, KV writes."""
+"""Our C++ CPU kernels match the torch path: decode and prefill attention, few-row linears, norms, rotary,
+KV writes."""
 
 import pytest
 import torch
@@ -9,10 +10,14 @@ from engine import LLM, SamplingParams
 from engine.kernels import cpu_kernels
 from engine.layers.attention import (
     AttentionMetadata,
+    PrefillChunk,
     kernel_decode_attention,
+    kernel_prefill_attention,
     split_layer_cache,
     torch_decode_attention,
+    torch_prefill_attention,
 )
+from engine.layers.importance import WINDOW, ImportanceTracker
 from engine.layers.linear import MAX_KERNEL_ROWS, Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
@@ -59,6 +64,56 @@ def test_decode_paths_match_plain_attention(heads, kv_heads, head_dim, dtype):
     via_torch = torch_decode_attention(q, keys, values, meta)
     torch.testing.assert_close(via_kernel.float(), expected, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(via_torch.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+def plain_prefill(q, layer_cache, block_ids, cached):
+    """Each chunk position alone, with an explicit softmax over the tokens it may see, read one by one;
+    also the probabilities of the last WINDOW positions summed over them and their heads."""
+    keys, values = split_layer_cache(layer_cache, q.shape[-1])
+    context = cached + q.shape[0]
+    slots = [(block_ids[t // BLOCK], t % BLOCK) for t in range(context)]
+    k = torch.stack([keys[b, :, :, o] for b, o in slots], dim=1).float()  # (kv_heads, context, head_dim)
+    v = torch.stack([values[b, :, o, :] for b, o in slots], dim=1).float()
+    group = q.shape[1] // k.shape[0]
+    k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+    outputs, received = [], torch.zeros(context)
+    for i in range(q.shape[0]):
+        seen = cached + i + 1
+        probs = ((q[i].float()[:, None, :] @ k[:, :seen].transpose(1, 2)) * q.shape[-1] ** -0.5).softmax(-1)
+        outputs.append((probs @ v[:, :seen])[:, 0])
+        if i >= q.shape[0] - WINDOW:
+            received[:seen] += probs.sum(dim=(0, 1))
+    return torch.stack(outputs), received
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 2, 32), (8, 1, 128), (4, 4, 64)])
+@pytest.mark.parametrize("chunk, cached", [(1, 0), (45, 0), (7, 33), (40, 200)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_paths_match_plain_attention(heads, kv_heads, head_dim, chunk, cached, dtype):
+    generator = torch.Generator().manual_seed(chunk + cached)
+    context = cached + chunk
+    num_blocks = context // BLOCK + 4
+    layer_cache = torch.randn(2, num_blocks, kv_heads, BLOCK * head_dim, generator=generator).to(dtype)
+    block_ids = torch.randperm(num_blocks, generator=generator)[: -(-context // BLOCK)]
+    # q as the model makes it: a view into the fused qkv projection's rows
+    q = torch.randn(chunk, heads + 2 * kv_heads, head_dim, generator=generator).to(dtype)[:, :heads]
+    mask = torch.arange(context)[None, :] <= torch.arange(cached, context)[:, None]
+    expected, expected_received = plain_prefill(q, layer_cache, block_ids, cached)
+    keys, values = split_layer_cache(layer_cache, head_dim)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    for attend in kernel_prefill_attention, torch_prefill_attention:
+        store = torch.zeros(num_blocks * BLOCK)
+        tracker = ImportanceTracker(store, BLOCK)
+        meta = AttentionMetadata(
+            torch.empty(0), torch.empty(0), prefills=[PrefillChunk(0, chunk, block_ids, mask)]
+        )
+        tracker.start_step(torch.empty(0, dtype=torch.long), meta)
+        out = attend(q, keys, values, meta.prefills[0], 0, tracker, cpu_kernels())
+        assert out.dtype == dtype and out.shape == (chunk, heads, head_dim)
+        torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+        slots = tracker.slots_of(block_ids, context)
+        torch.testing.assert_close(store[slots], expected_received, atol=1e-5, rtol=tolerance)
+        assert store.sum() == pytest.approx(store[slots].sum())  # nothing outside the context
 
 
 def test_the_engine_uses_the_kernels_and_the_torch_path_gives_the_same_tokens(smollm2_dir, oracle):

@@ -1,0 +1,236 @@
+// Prefill attention straight from the paged KV cache, for the CPU.
+//
+// A chunk of a chat turn attends to its session's cached tokens (often thousands) and causally to
+// itself.  torch's SDPA needed that context gathered out of the blocks and a mask, and ran each query
+// head alone; at turn 10 of a chat it took most of the step.  Here a work item is one KV head and a
+// tile of chunk positions, and its rows are those positions times the query heads sharing the KV head,
+// so each key and value block read serves all of them.  The tile's scores over its whole context go to
+// a per-thread buffer (an exact two-pass softmax, no rescaling), are normalised there and multiply the
+// values.  Rows go kRows at a time against 2 * kLanes keys (q.k) or head_dim elements (p.v): 12
+// accumulators, what AVX2's 16 registers hold beside the operands.
+//
+// The probabilities exist here anyway, so the kernel also sums those of the chunk's last `window`
+// positions over rows and heads: the attention each token received, which session eviction keeps tokens
+// by (engine/layers/importance.py).
+//
+// q (chunk, heads, head_dim), heads and head_dim contiguous; k_cache (blocks, kv_heads, head_dim, 16);
+// v_cache (blocks, kv_heads, 16, head_dim); block_table (context blocks,) int64.  Chunk position i is
+// sequence position cached + i.  Returns out (chunk, heads, head_dim) and, when window > 0, the
+// (cached + chunk,) float32 attention received.
+#include <ATen/Parallel.h>
+
+#include <cmath>
+
+#include "kernels.h"
+#include "simd.h"
+
+namespace kvchat {
+namespace {
+
+constexpr int64_t kBlock = 16;  // tokens per cache block
+constexpr int kRows = 6;        // rows per register tile
+constexpr int64_t kTileRows = 24;  // rows per work item: the key and value blocks stay in L1 across them
+constexpr int64_t kSpanBlocks = 8;  // value blocks one pass of p.v keeps its accumulators in registers over
+
+struct Problem {
+  int64_t chunk, heads, kv_heads, group, head_dim, cached, window, positions_per_tile, q_stride;
+  float scale;
+};
+
+// Keeps v in a register: without it GCC reads an operand shared by all rows from L1 once per row, as
+// part of each FMA, and the loads, not the FMAs, set the pace.
+inline void in_register(vfloat& v) { asm("" : "+x"(v)); }
+
+inline void store(float* target, vfloat v) { std::memcpy(target, &v, sizeof(v)); }
+
+// s[r][0:16] = q[r] . the block's 16 keys, for M rows.
+template <typename T, int M>
+void qk_block(const float* q, int64_t head_dim, const T* keys, float* s, int64_t stride) {
+  vfloat acc[M][2];
+  for (int r = 0; r < M; ++r) acc[r][0] = acc[r][1] = vfloat{};
+  for (int64_t d = 0; d < head_dim; ++d) {
+    vfloat k0 = load_lanes(keys + d * kBlock), k1 = load_lanes(keys + d * kBlock + kLanes);
+    in_register(k0);
+    in_register(k1);
+    for (int r = 0; r < M; ++r) {
+      const float x = q[r * head_dim + d];
+      acc[r][0] += x * k0;
+      acc[r][1] += x * k1;
+    }
+  }
+  for (int r = 0; r < M; ++r) {
+    store(s + r * stride, acc[r][0]);
+    store(s + r * stride + kLanes, acc[r][1]);
+  }
+}
+
+// out[r][0:16] += p[r][t] * value t[0:16] for the span's first `tokens` tokens, for M rows; `blocks` are
+// the span's value blocks, already offset to the 16 elements.
+template <typename T, int M>
+void pv_span(const float* p, int64_t stride, const T* const* blocks, int64_t head_dim, int64_t tokens,
+             float* out) {
+  vfloat acc[M][2];
+  for (int r = 0; r < M; ++r) {
+    acc[r][0] = load_lanes(out + r * head_dim);
+    acc[r][1] = load_lanes(out + r * head_dim + kLanes);
+  }
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* value = blocks[t / kBlock] + t % kBlock * head_dim;
+    vfloat v0 = load_lanes(value), v1 = load_lanes(value + kLanes);
+    in_register(v0);
+    in_register(v1);
+    for (int r = 0; r < M; ++r) {
+      const float w = p[r * stride + t];
+      acc[r][0] += w * v0;
+      acc[r][1] += w * v1;
+    }
+  }
+  for (int r = 0; r < M; ++r) {
+    store(out + r * head_dim, acc[r][0]);
+    store(out + r * head_dim + kLanes, acc[r][1]);
+  }
+}
+
+// Calls fn with min(rows, kRows) as a compile-time constant.
+template <typename Fn>
+void with_rows(int64_t rows, Fn fn) {
+  switch (std::min<int64_t>(rows, kRows)) {
+    case 1: fn(std::integral_constant<int, 1>{}); break;
+    case 2: fn(std::integral_constant<int, 2>{}); break;
+    case 3: fn(std::integral_constant<int, 3>{}); break;
+    case 4: fn(std::integral_constant<int, 4>{}); break;
+    case 5: fn(std::integral_constant<int, 5>{}); break;
+    default: fn(std::integral_constant<int, 6>{}); break;
+  }
+}
+
+// exp(s - max) in place over s[0:length], and 0 in s[length:padded]; returns the sum, by which the
+// caller divides the few products that need normalised probabilities rather than every probability.
+float softmax_numerators(float* s, int64_t length, int64_t padded) {
+  const int64_t whole = length / kLanes * kLanes;
+  vfloat tail = splat(-INFINITY);  // past `length`: exp gives exactly 0
+  std::memcpy(&tail, s + whole, (length - whole) * sizeof(float));
+  vfloat top = tail;
+  for (int64_t j = 0; j < whole; j += kLanes) {
+    const vfloat v = load_lanes(s + j);
+    top = v > top ? v : top;
+  }
+  float maximum = -INFINITY;
+  for (int64_t i = 0; i < kLanes; ++i) maximum = std::max(maximum, top[i]);
+  vfloat sums = {};
+  for (int64_t j = 0; j < whole; j += kLanes) {
+    const vfloat e = exp_lanes(load_lanes(s + j) - maximum);
+    store(s + j, e);
+    sums += e;
+  }
+  tail = exp_lanes(tail - maximum);
+  sums += tail;
+  std::memcpy(s + whole, &tail, (length - whole) * sizeof(float));
+  std::fill(s + length, s + padded, 0.0f);
+  return horizontal_sum(sums);
+}
+
+// One KV head over chunk positions [first, last): rows are (position, query head of the group) pairs.
+template <typename T>
+void attend_tile(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const int64_t* table,
+                 int64_t kv_head, int64_t first, int64_t last, std::vector<float>& buffer, T* out,
+                 float* received) {
+  const int64_t rows = (last - first) * p.group, hd = p.head_dim;
+  const int64_t context = p.cached + last, padded = (context + kBlock - 1) / kBlock * kBlock;
+  buffer.resize(rows * (2 * hd + padded + 1));
+  float *queries = buffer.data(), *outputs = queries + rows * hd, *scores = outputs + rows * hd;
+  float* sums = scores + rows * padded;
+  auto length_of = [&](int64_t row) { return p.cached + first + row / p.group + 1; };
+  for (int64_t row = 0; row < rows; ++row) {
+    const T* source = q + (first + row / p.group) * p.q_stride + (kv_head * p.group + row % p.group) * hd;
+    for (int64_t d = 0; d < hd; ++d) queries[row * hd + d] = static_cast<float>(source[d]) * p.scale;
+  }
+  for (int64_t start = 0, b = 0; start < context; start += kBlock, ++b) {
+    const T* keys = k_cache + (table[b] * p.kv_heads + kv_head) * hd * kBlock;
+    for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+      with_rows(rows - r0, [&](auto m) {
+        constexpr int M = decltype(m)::value;
+        if (start < length_of(r0 + M - 1))
+          qk_block<T, M>(queries + r0 * hd, hd, keys, scores + r0 * padded + start, padded);
+      });
+    }
+  }
+  for (int64_t row = 0; row < rows; ++row) {
+    float* s = scores + row * padded;
+    sums[row] = softmax_numerators(s, length_of(row), padded);
+    if (received != nullptr && first + row / p.group >= p.chunk - p.window)
+      for (int64_t j = 0; j < length_of(row); ++j) received[j] += s[j] / sums[row];
+  }
+  std::fill(outputs, outputs + rows * hd, 0.0f);
+  const T* blocks[kSpanBlocks];
+  for (int64_t start = 0; start < context; start += kSpanBlocks * kBlock) {
+    for (int64_t d0 = 0; d0 < hd; d0 += 2 * kLanes) {
+      for (int64_t i = 0, b = start / kBlock; i < kSpanBlocks && b < (context + kBlock - 1) / kBlock; ++i, ++b)
+        blocks[i] = v_cache + (table[b] * p.kv_heads + kv_head) * kBlock * hd + d0;
+      for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+        with_rows(rows - r0, [&](auto m) {
+          constexpr int M = decltype(m)::value;
+          const int64_t tokens = std::min(kSpanBlocks * kBlock, length_of(r0 + M - 1) - start);
+          if (tokens > 0)
+            pv_span<T, M>(scores + r0 * padded + start, padded, blocks, hd, tokens, outputs + r0 * hd + d0);
+        });
+      }
+    }
+  }
+  for (int64_t row = 0; row < rows; ++row) {
+    T* target = out + ((first + row / p.group) * p.heads + kv_head * p.group + row % p.group) * hd;
+    for (int64_t d = 0; d < hd; ++d) target[d] = static_cast<T>(outputs[row * hd + d] / sums[row]);
+  }
+}
+
+template <typename T>
+void attend(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const int64_t* table, T* out,
+            float* received, int64_t received_stride) {
+  const int64_t tiles = (p.chunk + p.positions_per_tile - 1) / p.positions_per_tile;
+  // Threads take contiguous ranges of items; ordering the tiles first, last, second, second to last...
+  // gives each thread a fair share of the causal work, which grows with the position.
+  at::parallel_for(0, tiles * p.kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buffer;
+    float* thread_received = received ? received + at::get_thread_num() * received_stride : nullptr;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t order = item / p.kv_heads, kv_head = item % p.kv_heads;
+      const int64_t tile = order % 2 == 0 ? order / 2 : tiles - 1 - order / 2;
+      const int64_t first = tile * p.positions_per_tile;
+      const int64_t last = std::min(p.chunk, first + p.positions_per_tile);
+      attend_tile(p, q, k_cache, v_cache, table, kv_head, first, last, buffer, out, thread_received);
+    }
+  });
+}
+
+}  // namespace
+
+std::tuple<torch::Tensor, torch::Tensor> paged_prefill_attention(torch::Tensor q, torch::Tensor k_cache,
+                                                                 torch::Tensor v_cache, torch::Tensor block_table,
+                                                                 int64_t cached, double scale, int64_t window) {
+  TORCH_CHECK(q.dim() == 3 && q.size(0) > 0, "q must be (chunk, heads, head_dim)");
+  if (q.stride(2) != 1 || q.stride(1) != q.size(2)) q = q.contiguous();
+  for (const auto& cache : {k_cache, v_cache})
+    TORCH_CHECK(cache.dim() == 4 && cache.is_contiguous() && cache.scalar_type() == q.scalar_type(),
+                "caches must be contiguous 4-d tensors of q's dtype");
+  TORCH_CHECK(k_cache.size(3) == kBlock && v_cache.size(2) == kBlock, "the kernel needs blocks of 16 tokens");
+  const int64_t chunk = q.size(0), heads = q.size(1), head_dim = q.size(2), kv_heads = k_cache.size(1);
+  TORCH_CHECK(head_dim == k_cache.size(2) && head_dim % (2 * kLanes) == 0, "head_dim must be a multiple of 16");
+  TORCH_CHECK(heads % kv_heads == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(block_table.dim() == 1 && block_table.scalar_type() == torch::kLong && block_table.is_contiguous(),
+              "block_table: 1-d int64");
+  const int64_t context = cached + chunk;
+  TORCH_CHECK(cached >= 0 && block_table.size(0) * kBlock >= context, "the block table is too short");
+  const int64_t group = heads / kv_heads;
+  const Problem p{chunk,  heads, kv_heads, group, head_dim, cached, window, std::max<int64_t>(1, kTileRows / group),
+                  q.stride(0), static_cast<float>(scale)};
+  auto out = torch::empty({chunk, heads, head_dim}, q.options().memory_format(at::MemoryFormat::Contiguous));
+  auto received = torch::zeros({window > 0 ? at::get_num_threads() : 0, context}, q.options().dtype(torch::kFloat));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_prefill_attention", [&] {
+    attend<scalar_t>(p, q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
+                     block_table.data_ptr<int64_t>(), out.data_ptr<scalar_t>(),
+                     window > 0 ? received.data_ptr<float>() : nullptr, context);
+  });
+  return {out, received.sum(0)};
+}
+
+}  // namespace kvchat

@@ -106,7 +106,7 @@ def torch_decode_attention(q, key_cache, value_cache, meta: AttentionMetadata, k
     return out.reshape(decodes, heads, head_dim)
 
 
-def kernel_prefill_attention(q, key_cache, value_cache, chunk: PrefillChunk, index: int, importance, kernels):
+def kernel_prefill_attention(q, key_cache, value_cache, chunk: PrefillChunk, index, importance, kernels):
     window = WINDOW if importance is not None else 0
     out, received = kernels.paged_prefill_attention(
         q, key_cache, value_cache, chunk.block_ids, chunk.num_cached, q.shape[-1] ** -0.5, window

@@ -104,11 +104,10 @@ def test_prefill_paths_match_plain_attention(heads, kv_heads, head_dim, chunk, c
     for attend in kernel_prefill_attention, torch_prefill_attention:
         store = torch.zeros(num_blocks * BLOCK)
         tracker = ImportanceTracker(store, BLOCK)
-        meta = AttentionMetadata(
-            torch.empty(0), torch.empty(0), prefills=[PrefillChunk(0, chunk, block_ids, mask)]
-        )
+        prefill = PrefillChunk(0, chunk, block_ids, mask)
+        meta = AttentionMetadata(torch.empty(0), torch.empty(0), prefills=[prefill])
         tracker.start_step(torch.empty(0, dtype=torch.long), meta)
-        out = attend(q, keys, values, meta.prefills[0], 0, tracker, cpu_kernels())
+        out = attend(q, keys, values, prefill, 0, tracker, cpu_kernels())
         assert out.dtype == dtype and out.shape == (chunk, heads, head_dim)
         torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
         slots = tracker.slots_of(block_ids, context)

@@ -110,21 +110,6 @@ void check(const torch::Tensor& cache, const torch::Tensor& block_tables, const 
   TORCH_CHECK(heads % cache.size(1) == 0 && heads / cache.size(1) <= 8, "1 to 8 query heads per KV head");
 }
 
-// Calls fn with the group size as a compile-time constant.
-template <typename Fn>
-void with_group(int64_t group, Fn fn) {
-  switch (group) {
-    case 1: fn(std::integral_constant<int, 1>{}); break;
-    case 2: fn(std::integral_constant<int, 2>{}); break;
-    case 3: fn(std::integral_constant<int, 3>{}); break;
-    case 4: fn(std::integral_constant<int, 4>{}); break;
-    case 5: fn(std::integral_constant<int, 5>{}); break;
-    case 6: fn(std::integral_constant<int, 6>{}); break;
-    case 7: fn(std::integral_constant<int, 7>{}); break;
-    default: fn(std::integral_constant<int, 8>{}); break;
-  }
-}
-
 }  // namespace
 
 torch::Tensor paged_qk(torch::Tensor q, torch::Tensor k_cache, torch::Tensor block_tables,
@@ -134,7 +119,7 @@ torch::Tensor paged_qk(torch::Tensor q, torch::Tensor k_cache, torch::Tensor blo
   auto scores = torch::full({q.size(0), q.size(1), max_context}, -INFINITY, q.options().dtype(torch::kFloat));
   const Shape s = shape_of(q, k_cache.size(1), max_context, block_tables);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_qk", [&] {
-    with_group(s.heads / s.kv_heads, [&](auto group) {
+    with_constant<8>(s.heads / s.kv_heads, [&](auto group) {
       qk<scalar_t, decltype(group)::value>(s, q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
                                            block_tables.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
                                            static_cast<float>(scale), scores.data_ptr<float>());
@@ -150,7 +135,7 @@ torch::Tensor paged_pv(torch::Tensor probs, torch::Tensor v_cache, torch::Tensor
   auto out = torch::empty({probs.size(0), probs.size(1), v_cache.size(3)}, v_cache.options());
   const Shape s = shape_of(out, v_cache.size(1), probs.size(2), block_tables);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, v_cache.scalar_type(), "paged_pv", [&] {
-    with_group(s.heads / s.kv_heads, [&](auto group) {
+    with_constant<8>(s.heads / s.kv_heads, [&](auto group) {
       pv<scalar_t, decltype(group)::value>(s, probs.data_ptr<float>(), v_cache.data_ptr<scalar_t>(),
                                            block_tables.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
                                            out.data_ptr<scalar_t>());

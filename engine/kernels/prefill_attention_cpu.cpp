@@ -5,9 +5,9 @@
 // head alone; at turn 10 of a chat it took most of the step.  Here a work item is one KV head and a
 // tile of chunk positions, and its rows are those positions times the query heads sharing the KV head,
 // so each key and value block read serves all of them.  The tile's scores over its whole context go to
-// a per-thread buffer (an exact two-pass softmax, no rescaling), are normalised there and multiply the
-// values.  Rows go kRows at a time against 2 * kLanes keys (q.k) or head_dim elements (p.v): 12
-// accumulators, what AVX2's 16 registers hold beside the operands.
+// a per-thread buffer (an exact two-pass softmax, no rescaling) and multiply the values; each output row
+// is divided by its softmax sum at the end.  Rows go kRows at a time against 2 * kLanes keys (q.k) or
+// value elements (p.v): 12 accumulators, what AVX2's 16 registers hold beside the operands.
 //
 // The probabilities exist here anyway, so the kernel also sums those of the chunk's last `window`
 // positions over rows and heads: the attention each token received, which session eviction keeps tokens
@@ -91,19 +91,6 @@ void pv_span(const float* p, int64_t stride, const T* const* blocks, int64_t hea
   }
 }
 
-// Calls fn with min(rows, kRows) as a compile-time constant.
-template <typename Fn>
-void with_rows(int64_t rows, Fn fn) {
-  switch (std::min<int64_t>(rows, kRows)) {
-    case 1: fn(std::integral_constant<int, 1>{}); break;
-    case 2: fn(std::integral_constant<int, 2>{}); break;
-    case 3: fn(std::integral_constant<int, 3>{}); break;
-    case 4: fn(std::integral_constant<int, 4>{}); break;
-    case 5: fn(std::integral_constant<int, 5>{}); break;
-    default: fn(std::integral_constant<int, 6>{}); break;
-  }
-}
-
 // exp(s - max) in place over s[0:length], and 0 in s[length:padded]; returns the sum, by which the
 // caller divides the few products that need normalised probabilities rather than every probability.
 float softmax_numerators(float* s, int64_t length, int64_t padded) {
@@ -148,7 +135,7 @@ void attend_tile(const Problem& p, const T* q, const T* k_cache, const T* v_cach
   for (int64_t start = 0, b = 0; start < context; start += kBlock, ++b) {
     const T* keys = k_cache + (table[b] * p.kv_heads + kv_head) * hd * kBlock;
     for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
-      with_rows(rows - r0, [&](auto m) {
+      with_constant<kRows>(rows - r0, [&](auto m) {
         constexpr int M = decltype(m)::value;
         if (start < length_of(r0 + M - 1))
           qk_block<T, M>(queries + r0 * hd, hd, keys, scores + r0 * padded + start, padded);
@@ -168,7 +155,7 @@ void attend_tile(const Problem& p, const T* q, const T* k_cache, const T* v_cach
       for (int64_t i = 0, b = start / kBlock; i < kSpanBlocks && b < (context + kBlock - 1) / kBlock; ++i, ++b)
         blocks[i] = v_cache + (table[b] * p.kv_heads + kv_head) * kBlock * hd + d0;
       for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
-        with_rows(rows - r0, [&](auto m) {
+        with_constant<kRows>(rows - r0, [&](auto m) {
           constexpr int M = decltype(m)::value;
           const int64_t tokens = std::min(kSpanBlocks * kBlock, length_of(r0 + M - 1) - start);
           if (tokens > 0)

@@ -87,6 +87,16 @@ inline vfloat exp_lanes(vfloat x) {
   return (vfloat)((vint)result & ~underflow);
 }
 
+// Calls fn(std::integral_constant<int, n>) with n clamped to [1, MAX], so that a count known only at run
+// time can size arrays of accumulators, which stay in registers only when their size is a constant.
+template <int MAX, typename Fn>
+void with_constant(int64_t n, Fn fn) {
+  if constexpr (MAX > 1) {
+    if (n < MAX) return with_constant<MAX - 1>(n, fn);
+  }
+  fn(std::integral_constant<int, MAX>{});
+}
+
 inline float horizontal_sum(vfloat v) {
   float values[kLanes];
   std::memcpy(values, &v, sizeof(v));

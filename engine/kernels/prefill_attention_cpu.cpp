@@ -152,7 +152,7 @@ void attend_tile(const Problem& p, const T* q, const T* k_cache, const T* v_cach
   const T* blocks[kSpanBlocks];
   for (int64_t start = 0; start < context; start += kSpanBlocks * kBlock) {
     for (int64_t d0 = 0; d0 < hd; d0 += 2 * kLanes) {
-      for (int64_t i = 0, b = start / kBlock; i < kSpanBlocks && b < (context + kBlock - 1) / kBlock; ++i, ++b)
+      for (int64_t i = 0, b = start / kBlock; i < kSpanBlocks && b < padded / kBlock; ++i, ++b)
         blocks[i] = v_cache + (table[b] * p.kv_heads + kv_head) * kBlock * hd + d0;
       for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
         with_constant<kRows>(rows - r0, [&](auto m) {

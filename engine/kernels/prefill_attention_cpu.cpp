@@ -33,8 +33,9 @@ constexpr int64_t kTileRows = 24;  // rows per work item: the key and value bloc
 constexpr int64_t kSpanBlocks = 8;  // value blocks one pass of p.v keeps its accumulators in registers over
 
 struct Problem {
-  int64_t chunk, heads, kv_heads, group, head_dim, cached, window, positions_per_tile, q_stride;
+  int64_t chunk, heads, kv_heads, group, head_dim, cached, context, q_stride;
   float scale;
+  int64_t window, positions_per_tile, tiles, window_tiles;  // window_tiles: the last tiles, which hold it
 };
 
 // Keeps v in a register: without it GCC reads an operand shared by all rows from L1 once per row, as
@@ -172,19 +173,22 @@ void attend_tile(const Problem& p, const T* q, const T* k_cache, const T* v_cach
 
 template <typename T>
 void attend(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const int64_t* table, T* out,
-            float* received, int64_t received_stride) {
-  const int64_t tiles = (p.chunk + p.positions_per_tile - 1) / p.positions_per_tile;
+            float* received) {
   // Threads take contiguous ranges of items; ordering the tiles first, last, second, second to last...
   // gives each thread a fair share of the causal work, which grows with the position.
-  at::parallel_for(0, tiles * p.kv_heads, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, p.tiles * p.kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> buffer;
-    float* thread_received = received ? received + at::get_thread_num() * received_stride : nullptr;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t order = item / p.kv_heads, kv_head = item % p.kv_heads;
-      const int64_t tile = order % 2 == 0 ? order / 2 : tiles - 1 - order / 2;
+      const int64_t tile = order % 2 == 0 ? order / 2 : p.tiles - 1 - order / 2;
       const int64_t first = tile * p.positions_per_tile;
       const int64_t last = std::min(p.chunk, first + p.positions_per_tile);
-      attend_tile(p, q, k_cache, v_cache, table, kv_head, first, last, buffer, out, thread_received);
+      // Each (KV head, tile) that holds window positions sums into a row of its own: no two threads
+      // ever add to the same row.
+      const int64_t window_tile = tile - (p.tiles - p.window_tiles);
+      float* item_received =
+          window_tile >= 0 ? received + (kv_head * p.window_tiles + window_tile) * p.context : nullptr;
+      attend_tile(p, q, k_cache, v_cache, table, kv_head, first, last, buffer, out, item_received);
     }
   });
 }
@@ -207,15 +211,17 @@ std::tuple<torch::Tensor, torch::Tensor> paged_prefill_attention(torch::Tensor q
               "block_table: 1-d int64");
   const int64_t context = cached + chunk;
   TORCH_CHECK(cached >= 0 && block_table.size(0) * kBlock >= context, "the block table is too short");
-  const int64_t group = heads / kv_heads;
-  const Problem p{chunk,  heads, kv_heads, group, head_dim, cached, window, std::max<int64_t>(1, kTileRows / group),
-                  q.stride(0), static_cast<float>(scale)};
+  const int64_t group = heads / kv_heads, positions_per_tile = std::max<int64_t>(1, kTileRows / group);
+  const int64_t tiles = (chunk + positions_per_tile - 1) / positions_per_tile;
+  const int64_t window_tiles =
+      window > 0 ? tiles - std::max<int64_t>(0, chunk - window) / positions_per_tile : 0;
+  const Problem p{chunk, heads, kv_heads, group, head_dim, cached, context, q.stride(0),
+                  static_cast<float>(scale), window, positions_per_tile, tiles, window_tiles};
   auto out = torch::empty({chunk, heads, head_dim}, q.options().memory_format(at::MemoryFormat::Contiguous));
-  auto received = torch::zeros({window > 0 ? at::get_num_threads() : 0, context}, q.options().dtype(torch::kFloat));
+  auto received = torch::zeros({kv_heads * window_tiles, context}, q.options().dtype(torch::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_prefill_attention", [&] {
     attend<scalar_t>(p, q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
-                     block_table.data_ptr<int64_t>(), out.data_ptr<scalar_t>(),
-                     window > 0 ? received.data_ptr<float>() : nullptr, context);
+                     block_table.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), received.data_ptr<float>());
   });
   return {out, received.sum(0)};
 }

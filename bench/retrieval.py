@@ -92,6 +92,8 @@ def load_faq(retriever: Retriever) -> Corpus:
             "paraphrases": paraphrases("faq_paraphrases.jsonl"),
             # Written apart from the paraphrases above, to choose fusion settings on (see README).
             "paraphrases_dev": paraphrases("faq_paraphrases_dev.jsonl"),
+            # Written after the fusion weight was chosen on the sets above, to test that choice once.
+            "paraphrases_holdout": paraphrases("faq_paraphrases_holdout.jsonl"),
         },
     )
 

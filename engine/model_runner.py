@@ -81,9 +81,7 @@ class ModelRunner:
             slot_parts.append(
                 block_table[new_slots // self.block_size] * self.block_size + new_slots % self.block_size
             )
-            mask = torch.arange(first + count)[None, :] <= new_slots[:, None]
-            chunk = PrefillChunk(start, start + count, block_table.to(self.device), mask.to(self.device))
-            meta.prefills.append(chunk)
+            meta.prefills.append(PrefillChunk(start, start + count, block_table.to(self.device), first))
             start += count
         slots = torch.cat(slot_parts).to(self.device)
         meta.slot_blocks, meta.slot_offsets = slots // self.block_size, slots % self.block_size

@@ -9,6 +9,7 @@ Layout of one layer's cache, (2, blocks, kv_heads, block_size * head_dim): keys 
 per block, (head_dim, block_size), values as (block_size, head_dim); see kernels/paged_attention_cpu.cpp.
 """
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -22,11 +23,17 @@ class PrefillChunk:
     start: int  # first row of this chunk in the step's flat token batch
     end: int
     block_ids: torch.Tensor  # the sequence's blocks covering its context
-    mask: torch.Tensor  # (chunk tokens, context tokens): causal, offset by the tokens already cached
+    num_cached: int  # the sequence's tokens already in the cache before this chunk
 
     @property
-    def num_cached(self) -> int:
-        return self.mask.shape[1] - (self.end - self.start)
+    def context(self) -> int:
+        return self.num_cached + self.end - self.start
+
+    @functools.cached_property
+    def mask(self) -> torch.Tensor:
+        """(chunk tokens, context tokens), causal: built only for the torch path, once per step."""
+        positions = torch.arange(self.context, device=self.block_ids.device)
+        return positions[None, :] <= positions[self.num_cached :, None]
 
 
 @dataclass
@@ -59,13 +66,13 @@ def paged_attention(q, k, v, layer_cache: torch.Tensor, meta: AttentionMetadata,
         value_cache[meta.slot_blocks, :, meta.slot_offsets, :] = v
     decodes = meta.num_decode_tokens
     attend = kernel_decode_attention if kernels is not None else torch_decode_attention
+    prefill = kernel_prefill_attention if kernels is not None else torch_prefill_attention
     if not meta.prefills:  # a pure decode step: nothing to assemble
         return attend(q, key_cache, value_cache, meta, kernels)
     out = torch.empty_like(q)
     if decodes:
         out[:decodes] = attend(q[:decodes], key_cache, value_cache, meta, kernels)
     for index, chunk in enumerate(meta.prefills):
-        prefill = kernel_prefill_attention if kernels is not None else torch_prefill_attention
         out[chunk.start : chunk.end] = prefill(
             q[chunk.start : chunk.end], key_cache, value_cache, chunk, index, meta.importance, kernels
         )
@@ -119,7 +126,7 @@ def kernel_prefill_attention(q, key_cache, value_cache, chunk: PrefillChunk, ind
 def torch_prefill_attention(
     q, key_cache, value_cache, chunk: PrefillChunk, index: int, importance, kernels=None
 ):
-    context = chunk.mask.shape[1]
+    context = chunk.context
     keys, values = gather_context(key_cache, value_cache, chunk.block_ids)
     keys, values = keys[:, :context], values[:, :context]
     out = F.scaled_dot_product_attention(

@@ -38,7 +38,7 @@ class ImportanceTracker:
         if meta.num_decode_tokens:
             tables = meta.decode_block_tables
             self.decode_slots = self.slots_of(tables, tables.shape[1] * self.block_size)
-        self.prefill_slots = [self.slots_of(c.block_ids, c.mask.shape[1]) for c in meta.prefills]
+        self.prefill_slots = [self.slots_of(c.block_ids, c.context) for c in meta.prefills]
 
     def add_decode(self, probs: torch.Tensor) -> None:
         # probs: (decodes, heads, max_context), exactly 0 past each context

@@ -97,14 +97,13 @@ def test_prefill_paths_match_plain_attention(heads, kv_heads, head_dim, chunk, c
     block_ids = torch.randperm(num_blocks, generator=generator)[: -(-context // BLOCK)]
     # q as the model makes it: a view into the fused qkv projection's rows
     q = torch.randn(chunk, heads + 2 * kv_heads, head_dim, generator=generator).to(dtype)[:, :heads]
-    mask = torch.arange(context)[None, :] <= torch.arange(cached, context)[:, None]
     expected, expected_received = plain_prefill(q, layer_cache, block_ids, cached)
     keys, values = split_layer_cache(layer_cache, head_dim)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     for attend in kernel_prefill_attention, torch_prefill_attention:
         store = torch.zeros(num_blocks * BLOCK)
         tracker = ImportanceTracker(store, BLOCK)
-        prefill = PrefillChunk(0, chunk, block_ids, mask)
+        prefill = PrefillChunk(0, chunk, block_ids, cached)
         meta = AttentionMetadata(torch.empty(0), torch.empty(0), prefills=[prefill])
         tracker.start_step(torch.empty(0, dtype=torch.long), meta)
         out = attend(q, keys, values, prefill, 0, tracker, cpu_kernels())

@@ -46,12 +46,21 @@ TINY_CONFIGS = {
 
 def build_tiny_model(family: str, tokenizer_dir: Path, target: Path, seed: int = 0) -> Path:
     """A random model that shares the real tokenizer and chat template of `tokenizer_dir`."""
+    return build_model(TINY_CONFIGS[family], tokenizer_dir, target, seed)
+
+
+def build_model(make_config, tokenizer_dir: Path, target: Path, seed: int = 0) -> Path:
+    """A random model of make_config(vocabulary size) with the tokenizer of `tokenizer_dir`."""
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = TINY_CONFIGS[family](len(tokenizer))
+    config = make_config(len(tokenizer))
     config.bos_token_id = tokenizer.bos_token_id
     config.eos_token_id = tokenizer.eos_token_id
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # transformers starts biases at zero, where a bias the engine dropped would hide
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(std=config.initializer_range)
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
     return target

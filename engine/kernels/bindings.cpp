@@ -1,5 +1,7 @@
 #include "kernels.h"
 
+namespace py = pybind11;
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_qk", &kvchat::paged_qk, "scaled q.k over the paged cache, -inf past each context");
   m.def("paged_pv", &kvchat::paged_pv, "probabilities times values over the paged cache");
@@ -10,4 +12,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &kvchat::add_rms_norm, "residual += x, then x = RMSNorm(residual), in place");
   m.def("rotary", &kvchat::rotary, "rotary embedding of q and k in place (rotate-half layout)");
   m.def("write_kv", &kvchat::write_kv, "new keys and values into their cache slots");
+
+  py::class_<kvchat::LayerWeights>(m, "LayerWeights")
+      .def(py::init([](torch::Tensor input_norm, torch::Tensor qkv, torch::Tensor o, torch::Tensor post_norm,
+                       torch::Tensor gate_up, torch::Tensor down, std::optional<torch::Tensor> qkv_bias,
+                       std::optional<torch::Tensor> o_bias, std::optional<torch::Tensor> q_norm,
+                       std::optional<torch::Tensor> k_norm) {
+             return kvchat::LayerWeights{input_norm, qkv, o, post_norm, gate_up, down, qkv_bias, o_bias, q_norm, k_norm};
+           }),
+           py::arg("input_norm"), py::arg("qkv"), py::arg("o"), py::arg("post_norm"), py::arg("gate_up"),
+           py::arg("down"), py::arg("qkv_bias") = py::none(), py::arg("o_bias") = py::none(),
+           py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none());
+  py::class_<kvchat::DecodeLayers>(m, "DecodeLayers")
+      .def(py::init<std::vector<kvchat::LayerWeights>, int64_t, int64_t, int64_t, double, torch::Tensor,
+                    torch::Tensor>(),
+           py::arg("layers"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("eps"),
+           py::arg("cos"), py::arg("sin"))
+      .def("forward", &kvchat::DecodeLayers::forward, "every decoder layer of a decode step",
+           py::arg("x"), py::arg("residual"), py::arg("positions"), py::arg("kv_cache"), py::arg("block_tables"),
+           py::arg("context_lens"), py::arg("slot_blocks"), py::arg("slot_offsets"), py::arg("sum_attention"),
+           py::call_guard<py::gil_scoped_release>());  // no Python objects inside: other threads may run
 }

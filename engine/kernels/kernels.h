@@ -4,6 +4,8 @@
 #include <torch/extension.h>
 
 #include <optional>
+#include <tuple>
+#include <vector>
 
 namespace kvchat {
 
@@ -28,5 +30,31 @@ void add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight,
 void rotary(torch::Tensor q, torch::Tensor k, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin);
 void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor layer_cache, torch::Tensor slot_blocks,
               torch::Tensor slot_offsets);
+
+// One decoder layer's weights, as models/decoder.py holds them (qkv and gate_up fused).
+struct LayerWeights {
+  torch::Tensor input_norm, qkv, o, post_norm, gate_up, down;
+  std::optional<torch::Tensor> qkv_bias, o_bias, q_norm, k_norm;  // Qwen2's biases, Qwen3's per-head norms
+};
+
+// A decode step's pass through every decoder layer (decode_layers_cpu.cpp).
+class DecodeLayers {
+ public:
+  DecodeLayers(std::vector<LayerWeights> layers, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
+               torch::Tensor cos, torch::Tensor sin);
+
+  // (x, residual) after the last layer, and, if `sum_attention`, the attention each context position
+  // received, summed over layers and heads: (rows, max_context) float32.
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward(
+      torch::Tensor x, torch::Tensor residual, torch::Tensor positions, torch::Tensor kv_cache,
+      torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor slot_blocks,
+      torch::Tensor slot_offsets, bool sum_attention) const;
+
+ private:
+  std::vector<LayerWeights> layers_;
+  int64_t heads_, kv_heads_, head_dim_;
+  double eps_;
+  torch::Tensor cos_, sin_;
+};
 
 }  // namespace kvchat

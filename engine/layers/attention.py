@@ -91,7 +91,7 @@ def kernel_decode_attention(q, key_cache, value_cache, meta: AttentionMetadata, 
     max_context = tables.shape[1] * key_cache.shape[-1]
     probs = kernels.paged_qk(q, key_cache, tables, lens, max_context, q.shape[-1] ** -0.5).softmax(dim=-1)
     if meta.importance is not None:
-        meta.importance.add_decode(probs)
+        meta.importance.add_decode(probs.sum(dim=1))
     return kernels.paged_pv(probs, value_cache, tables, lens)
 
 
@@ -108,7 +108,7 @@ def torch_decode_attention(q, key_cache, value_cache, meta: AttentionMetadata, k
     else:  # fused SDPA hides the probabilities that importance needs
         scores = (grouped @ keys.transpose(-1, -2)) * head_dim**-0.5
         probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        meta.importance.add_decode(probs.reshape(decodes, heads, -1))
+        meta.importance.add_decode(probs.sum(dim=(1, 2)))
         out = probs.to(values.dtype) @ values
     return out.reshape(decodes, heads, head_dim)
 

@@ -40,9 +40,10 @@ class ImportanceTracker:
             self.decode_slots = self.slots_of(tables, tables.shape[1] * self.block_size)
         self.prefill_slots = [self.slots_of(c.block_ids, c.context) for c in meta.prefills]
 
-    def add_decode(self, probs: torch.Tensor) -> None:
-        # probs: (decodes, heads, max_context), exactly 0 past each context
-        self.store.index_add_(0, self.decode_slots.flatten(), probs.sum(dim=1).flatten().float())
+    def add_decode(self, received: torch.Tensor) -> None:
+        """received: (decodes, max_context) attention probabilities summed over heads (and maybe layers),
+        exactly 0 past each context."""
+        self.store.index_add_(0, self.decode_slots.flatten(), received.flatten().float())
 
     def add_prefill(self, index: int, received: torch.Tensor) -> None:
         """received: (context,) attention the prefill chunk's last WINDOW queries gave each position."""

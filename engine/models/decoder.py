@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.attention import AttentionMetadata, paged_attention
-from engine.layers.linear import Linear
+from engine.layers.linear import MAX_KERNEL_ROWS, Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 
@@ -104,6 +104,8 @@ class DecoderLayer(nn.Module):
 
 
 class CausalLM(nn.Module):
+    decode_layers = None  # our C++ pass through every layer for decode steps, where the kernels fit
+
     def __init__(self, config, max_len: int):
         super().__init__()
         self.shape = shape = ModelShape.from_hf_config(config)
@@ -119,17 +121,66 @@ class CausalLM(nn.Module):
         """Hidden states (tokens, hidden) after the final norm."""
         x = self.embed_tokens(input_ids)
         residual = torch.zeros_like(x)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer(positions, x, residual, kv_cache, meta)
+        if self.decode_layers is not None and not meta.prefills and len(input_ids) <= MAX_KERNEL_ROWS:
+            x, residual = self.decode_in_one_call(positions, x, residual, kv_caches, meta)
+        else:
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                x, residual = layer(positions, x, residual, kv_cache, meta)
         return self.norm(x, residual)[0]
 
+    def decode_in_one_call(self, positions, x, residual, kv_caches, meta: AttentionMetadata):
+        x, residual, received = self.decode_layers.forward(
+            x,
+            residual,
+            positions,
+            kv_caches,
+            meta.decode_block_tables,
+            meta.decode_context_lens,
+            meta.slot_blocks,
+            meta.slot_offsets,
+            sum_attention=meta.importance is not None,
+        )
+        if meta.importance is not None:
+            meta.importance.add_decode(received)
+        return x, residual
+
     def use_kernels(self, kernels, attention: bool) -> None:
-        """Our C++ CPU kernels for linear layers, norms and rotary and, if `attention`, for attention."""
+        """Our C++ CPU kernels for linear layers, norms and rotary and, if `attention`, for attention and
+        for decode steps' whole pass through the layers."""
         for module in self.modules():
             if isinstance(module, Linear | RMSNorm | RotaryEmbedding):
                 module.kernels = kernels
             elif isinstance(module, Attention):
                 module.kernels = kernels if attention else None
+        self.decode_layers = self.kernel_decode_layers(kernels) if kernels and attention else None
+
+    def kernel_decode_layers(self, kernels):
+        shape = self.shape
+
+        def weights(layer: DecoderLayer):
+            attention, mlp = layer.self_attn, layer.mlp
+            return kernels.LayerWeights(
+                input_norm=layer.input_layernorm.weight,
+                qkv=attention.qkv_proj.weight,
+                o=attention.o_proj.weight,
+                post_norm=layer.post_attention_layernorm.weight,
+                gate_up=mlp.gate_up_proj.weight,
+                down=mlp.down_proj.weight,
+                qkv_bias=attention.qkv_proj.bias,
+                o_bias=attention.o_proj.bias,
+                q_norm=attention.q_norm.weight if shape.qk_norm else None,
+                k_norm=attention.k_norm.weight if shape.qk_norm else None,
+            )
+
+        return kernels.DecodeLayers(
+            [weights(layer) for layer in self.layers],
+            shape.num_heads,
+            shape.num_kv_heads,
+            shape.head_dim,
+            shape.rms_norm_eps,
+            self.rotary.cos,
+            self.rotary.sin,
+        )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

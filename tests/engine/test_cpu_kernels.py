@@ -4,9 +4,10 @@ KV writes."""
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig
+from transformers import LlamaConfig, Qwen2Config
 
 from engine import LLM, SamplingParams
+from engine.config import EngineConfig
 from engine.kernels import cpu_kernels
 from engine.layers.attention import (
     AttentionMetadata,
@@ -21,6 +22,8 @@ from engine.layers.importance import WINDOW, ImportanceTracker
 from engine.layers.linear import MAX_KERNEL_ROWS, Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
+from engine.llm_engine import LLMEngine
+from tests.models import build_model
 
 BLOCK = 16
 
@@ -196,3 +199,57 @@ def test_a_bf16_prefill_product_is_a_float32_product_rounded_once():
     expected = F.linear(x.float(), layer.weight.float(), layer.bias.float())
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), expected, atol=2e-2 * 576**0.5, rtol=2e-2)
+
+
+@pytest.fixture(scope="module")
+def one_call_model_dirs(smollm2_dir, tiny_model_dirs, tmp_path_factory):
+    """Models whose decode steps take the one-call path: head_dim a multiple of 32 (the tiny Llama and
+    Qwen2 have 16).  This Qwen2 brings q/k/v biases, the tiny Qwen3 its per-head norms."""
+    qwen2 = build_model(
+        lambda vocab: Qwen2Config(
+            vocab_size=vocab,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            initializer_range=0.2,
+        ),
+        smollm2_dir,
+        tmp_path_factory.mktemp("qwen2-head-dim-32"),
+    )
+    return {"smollm2": smollm2_dir, "qwen2": qwen2, "qwen3": tiny_model_dirs["qwen3"]}
+
+
+@pytest.mark.parametrize("name", ["smollm2", "qwen2", "qwen3"])
+def test_a_decode_step_in_one_call_computes_what_the_layers_compute(name, one_call_model_dirs):
+    engine = LLMEngine(EngineConfig(model=one_call_model_dirs[name], dtype="float32", num_kv_blocks=64))
+    runner, model = engine.runner, engine.runner.model
+    assert model.decode_layers is not None
+    forward, compared = model.forward, []
+
+    def both_paths(input_ids, positions, kv_caches, meta):
+        if meta.prefills:
+            return forward(input_ids, positions, kv_caches, meta)
+        importance_before = runner.importance.clone()
+        hidden = forward(input_ids, positions, kv_caches, meta)
+        one_call_importance = runner.importance.clone()
+        runner.importance.copy_(importance_before)
+        one_call, model.decode_layers = model.decode_layers, None
+        expected = forward(input_ids, positions, kv_caches, meta)  # layer by layer, writing the same KV
+        model.decode_layers = one_call
+        assert torch.equal(hidden, expected)
+        torch.testing.assert_close(one_call_importance, runner.importance)
+        compared.append((len(input_ids), meta.importance is not None))
+        return hidden
+
+    model.forward = both_paths
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    # Alone and without a session (no importance), then three at once, two of them sessions.
+    for requests in [[("alone", None)], [("a", None), ("b", "session b"), ("c", "session c")]]:
+        for i, (request_id, session_id) in enumerate(requests):
+            prompt = {"prompt_token_ids": [5 + i] * (20 + 9 * i)}
+            engine.add_request(request_id, prompt, params, session_id=session_id)
+        while engine.has_unfinished_requests():
+            engine.step()
+    assert (1, False) in compared and (3, True) in compared

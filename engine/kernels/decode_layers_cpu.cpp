@@ -1,0 +1,66 @@
+// Every decoder layer of a decode step in one call from Python, for the CPU.
+//
+// At batch 1 reading SmolLM2's weights takes ~17 ms a step; the ~20 small operations around the four
+// matrix products of each of its 30 layers took ~7 ms more from Python (module calls, views, dispatch),
+// though their arithmetic takes microseconds.  Here the same kernels and torch ops run in the same order
+// from C++, so the step computes what models/decoder.py computes, bit for bit
+// (tests/engine/test_cpu_kernels.py), and the attention each cached token receives is summed over
+// layers and heads in one tensor for session eviction.
+#include <cmath>
+
+#include "kernels.h"
+
+namespace kvchat {
+
+DecodeLayers::DecodeLayers(std::vector<LayerWeights> layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                           double eps, torch::Tensor cos, torch::Tensor sin)
+    : layers_(std::move(layers)),
+      heads_(heads),
+      kv_heads_(kv_heads),
+      head_dim_(head_dim),
+      eps_(eps),
+      cos_(std::move(cos)),
+      sin_(std::move(sin)) {
+  TORCH_CHECK(!layers_.empty() && heads % kv_heads == 0, "layers and a head count divisible by kv_heads");
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
+    torch::Tensor x, torch::Tensor residual, torch::Tensor positions, torch::Tensor kv_cache,
+    torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor slot_blocks, torch::Tensor slot_offsets,
+    bool sum_attention) const {
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == static_cast<int64_t>(layers_.size()),
+              "kv_cache: (layers, 2, blocks, kv_heads, block_size * head_dim)");
+  const int64_t rows = x.size(0), head_dim = head_dim_;
+  const int64_t blocks = kv_cache.size(2), block_size = kv_cache.size(4) / head_dim;
+  const int64_t max_context = block_tables.size(1) * block_size;
+  const double scale = std::pow(static_cast<double>(head_dim), -0.5);  // as Python's head_dim ** -0.5
+  torch::Tensor received;
+  if (sum_attention) received = torch::zeros({rows, max_context}, x.options().dtype(torch::kFloat));
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const LayerWeights& w = layers_[i];
+    const torch::Tensor layer_cache = kv_cache[i];
+    add_rms_norm(x, residual, w.input_norm, eps_);
+    const auto qkv = few_rows_linear(x, w.qkv, w.qkv_bias).split(
+        {heads_ * head_dim, kv_heads_ * head_dim, kv_heads_ * head_dim}, -1);
+    torch::Tensor q = qkv[0].view({rows, heads_, head_dim}), k = qkv[1].view({rows, kv_heads_, head_dim});
+    const torch::Tensor v = qkv[2].view({rows, kv_heads_, head_dim});
+    if (w.q_norm.has_value()) {  // Qwen3
+      q = rms_norm(q.reshape({-1, head_dim}), *w.q_norm, eps_).view_as(q);
+      k = rms_norm(k.reshape({-1, head_dim}), *w.k_norm, eps_).view_as(k);
+    }
+    rotary(q, k, positions, cos_, sin_);
+    write_kv(k, v, layer_cache, slot_blocks, slot_offsets);
+    const torch::Tensor keys = layer_cache[0].view({blocks, kv_heads_, head_dim, block_size});
+    const torch::Tensor values = layer_cache[1].view({blocks, kv_heads_, block_size, head_dim});
+    const torch::Tensor probs =
+        paged_qk(q, keys, block_tables, context_lens, max_context, scale).softmax(-1);
+    if (sum_attention) received.add_(probs.sum(1));
+    x = few_rows_linear(paged_pv(probs, values, block_tables, context_lens).flatten(1), w.o, w.o_bias);
+    add_rms_norm(x, residual, w.post_norm, eps_);
+    const auto gate_up = few_rows_linear(x, w.gate_up, std::nullopt).chunk(2, -1);
+    x = few_rows_linear(at::silu(gate_up[0]) * gate_up[1], w.down, std::nullopt);
+  }
+  return {x, residual, received};
+}
+
+}  // namespace kvchat

@@ -4,7 +4,7 @@ KV writes."""
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, Qwen2Config
+from transformers import LlamaConfig
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
@@ -23,7 +23,7 @@ from engine.layers.linear import MAX_KERNEL_ROWS, Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.llm_engine import LLMEngine
-from tests.models import build_model
+from tests.models import TINY_CONFIGS, build_model
 
 BLOCK = 16
 
@@ -205,19 +205,13 @@ def test_a_bf16_prefill_product_is_a_float32_product_rounded_once():
 def one_call_model_dirs(smollm2_dir, tiny_model_dirs, tmp_path_factory):
     """Models whose decode steps take the one-call path: head_dim a multiple of 32 (the tiny Llama and
     Qwen2 have 16).  This Qwen2 brings q/k/v biases, the tiny Qwen3 its per-head norms."""
-    qwen2 = build_model(
-        lambda vocab: Qwen2Config(
-            vocab_size=vocab,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            initializer_range=0.2,
-        ),
-        smollm2_dir,
-        tmp_path_factory.mktemp("qwen2-head-dim-32"),
-    )
+
+    def qwen2_with_two_heads(vocab):
+        config = TINY_CONFIGS["qwen2"](vocab)
+        config.num_attention_heads, config.num_key_value_heads = 2, 1
+        return config
+
+    qwen2 = build_model(qwen2_with_two_heads, smollm2_dir, tmp_path_factory.mktemp("qwen2-head-dim-32"))
     return {"smollm2": smollm2_dir, "qwen2": qwen2, "qwen3": tiny_model_dirs["qwen3"]}
 
 

@@ -152,7 +152,7 @@ class CausalLM(nn.Module):
                 module.kernels = kernels
             elif isinstance(module, Attention):
                 module.kernels = kernels if attention else None
-        self.decode_layers = self.kernel_decode_layers(kernels) if kernels and attention else None
+        self.decode_layers = self.kernel_decode_layers(kernels) if kernels is not None and attention else None
 
     def kernel_decode_layers(self, kernels):
         shape = self.shape

@@ -2,10 +2,14 @@
 
 import io
 import re
+import time
+from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import PurePath
 
 import pypdf
+from pypdf.errors import LimitReachedError
+from pypdf.generic import DictionaryObject, StreamObject
 
 MAX_FILE_BYTES = 20 * 2**20
 KINDS = {".txt": "text", ".md": "markdown", ".markdown": "markdown", ".html": "html", ".htm": "html"}
@@ -14,6 +18,26 @@ KINDS[".pdf"] = "pdf"
 
 class IngestError(ValueError):
     """A file that cannot be indexed; the message names the file and says what to do."""
+
+
+@dataclass(frozen=True)
+class PdfLimits:
+    """What reading one PDF may cost.  pypdf's text extraction takes 0.5 to 2 µs of CPU per byte of unpacked
+    page content, so that is what is limited: real documents unpacked to 0.6 to 2.6 times their file size
+    (fonts and images stay packed) and repetitive text without fonts to 9 times, while a 2 kB decompression
+    bomb unpacks to 1.2 MB.  A form drawn again and again counts each time it is drawn."""
+
+    free_content_bytes: int = 256 * 2**10  # any PDF may unpack this much: under 0.5 s
+    content_per_file_byte: int = 20  # and this many bytes more for each byte of the file
+    max_content_bytes: int = 16 * 2**20  # but never more: some 2,000 pages of text, 8 to 30 s
+    max_text_chars: int = 5_000_000  # some 1,200 pages of dense text
+    max_seconds: float = 30.0  # wall clock, for what the content limit misses (slow fonts, a busy machine)
+
+    def content_bytes(self, file_bytes: int) -> int:
+        return min(self.max_content_bytes, self.free_content_bytes + self.content_per_file_byte * file_bytes)
+
+
+PDF_LIMITS = PdfLimits()
 
 
 def file_kind(name: str) -> str:
@@ -58,18 +82,94 @@ def _extract_pdf(name: str, data: bytes | str) -> str:
         raise IngestError(f"{name}: a PDF must be given as bytes")
     # pypdf raises many exception types on damaged files; any of them means this file is unreadable.
     try:
-        reader = pypdf.PdfReader(io.BytesIO(data))
-        if reader.is_encrypted:
-            raise IngestError(f"{name}: the PDF is encrypted; upload an unprotected copy")
-        pages = [page.extract_text() or "" for page in reader.pages]
+        with pypdf.apply_configuration(zlib_maximum_output_length=PDF_LIMITS.max_content_bytes):
+            reader = pypdf.PdfReader(io.BytesIO(data))
+            if reader.is_encrypted:
+                raise IngestError(f"{name}: the PDF is encrypted; upload an unprotected copy")
+            budget = _PdfBudget(name, len(data), len(reader.pages), PDF_LIMITS)
+            pages = [budget.page_text(page) for page in reader.pages]
     except IngestError:
         raise
+    except LimitReachedError as error:
+        raise IngestError(f"{name}: the PDF is over a safety limit ({error}); {_UPLOAD_TEXT}") from error
     except Exception as error:
         raise IngestError(f"{name}: not a readable PDF ({error})") from error
     text = "\n\n".join(pages)
     if not text.strip():
         raise IngestError(f"{name}: the PDF has no text layer (a scanned PDF needs OCR first)")
     return text
+
+
+_UPLOAD_TEXT = "split it into smaller PDFs or upload its text as a .txt file"
+
+
+class _PdfBudget:
+    """Counts one PDF's unpacked content (each page's, and each form's every time it is drawn), its text and
+    the time taken against `limits`; past any of them, raises IngestError saying which."""
+
+    def __init__(self, name: str, file_bytes: int, num_pages: int, limits: PdfLimits):
+        self.name, self.file_bytes, self.num_pages, self.limits = name, file_bytes, num_pages, limits
+        self.allowed_content_bytes = limits.content_bytes(file_bytes)
+        self.deadline = time.monotonic() + limits.max_seconds
+        self.content_bytes = self.text_chars = self.page_number = 0
+        self.forms: dict[str, list[StreamObject]] = {}
+
+    def page_text(self, page: pypdf.PageObject) -> str:
+        self.page_number += 1
+        contents = page.get_contents()
+        self.content_bytes += len(contents.get_data()) if contents is not None else 0
+        self._check()
+        self.forms = {}
+        _collect_forms(page.get("/Resources"), self.forms, set())
+        text = page.extract_text(visitor_operand_before=self._before_operation) or ""
+        self.text_chars += len(text)
+        self._check()  # again: pypdf ignores what the check raised inside a form, and carries on without it
+        return text
+
+    def _before_operation(self, operator: bytes, operands: list, *_) -> None:
+        # pypdf parses a form anew each time it is drawn, so each time counts.
+        if operator == b"Do" and operands and operands[0] in self.forms:
+            self.content_bytes += max(len(form.get_data()) for form in self.forms[operands[0]])
+        self._check()
+
+    def _check(self) -> None:
+        if self.content_bytes > self.allowed_content_bytes:
+            allowed = _size(self.allowed_content_bytes)
+            raise IngestError(
+                f"{self.name}: its pages unpack to over {allowed} by {self._where()}, the limit for a PDF of "
+                f"{_size(self.file_bytes)}; a file that unpacks so much is likely a decompression bomb: "
+                f"if it is a real document, {_UPLOAD_TEXT}"
+            )
+        if self.text_chars > self.limits.max_text_chars:
+            raise IngestError(
+                f"{self.name}: over {self.limits.max_text_chars:,} characters of text by {self._where()}; "
+                f"{_UPLOAD_TEXT}"
+            )
+        if time.monotonic() > self.deadline:
+            raise IngestError(
+                f"{self.name}: reading its text took over {self.limits.max_seconds:g} s (stopped at "
+                f"{self._where()}); {_UPLOAD_TEXT}"
+            )
+
+    def _where(self) -> str:
+        return f"page {self.page_number} of {self.num_pages}"
+
+
+def _collect_forms(resources, forms: dict[str, list[StreamObject]], seen: set[int]) -> None:
+    """The form XObjects `resources` can draw, by name, with those the forms themselves can draw."""
+    resources = resources.get_object() if resources is not None else None
+    xobjects = resources.get("/XObject") if isinstance(resources, DictionaryObject) else None
+    xobjects = xobjects.get_object() if xobjects is not None else None
+    for form_name, reference in xobjects.items() if isinstance(xobjects, DictionaryObject) else ():
+        form = reference.get_object()
+        if isinstance(form, StreamObject) and form.get("/Subtype") == "/Form" and id(form) not in seen:
+            seen.add(id(form))
+            forms.setdefault(form_name, []).append(form)
+            _collect_forms(form.get("/Resources"), forms, seen)
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:.1f} MiB" if num_bytes >= 2**20 else f"{num_bytes / 2**10:.1f} KiB"
 
 
 _PARAGRAPH_TAGS = {"p", "div", "section", "article", "blockquote", "pre", "table", "ul", "ol"}

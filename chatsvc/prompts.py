@@ -1,9 +1,18 @@
 """Prompts from stored messages.  Append-only: each turn's prompt starts with the previous turn's prompt and
 reply, and a turn's sources travel inside its own user message, so a session's cached KV stays valid."""
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from chatsvc.models import Message
+
+# Text that starts with white space shares a token with the template's newline before it, so a message can
+# take up to 2 tokens fewer in the prompt than counted alone (SmolLM2's tokenizer, on varied texts).
+_MERGE_SLACK_TOKENS = 2
+# English is about 4 characters a token: a message's first 16 characters per token of the context usually
+# show that it does not fit, without tokenising the rest of a long one.
+_PREFIX_CHARS_PER_TOKEN = 16
 
 
 def user_turn_text(content: str, context: list[dict] | None) -> str:
@@ -18,23 +27,22 @@ def user_turn_text(content: str, context: list[dict] | None) -> str:
 def chat_messages(system_prompt: str | None, path: Sequence[Message]) -> list[dict]:
     """The branch as chat-template messages; replies that produced no text (errors) are left out."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    for message in path:
-        if message.role == "user":
-            messages.append({"role": "user", "content": user_turn_text(message.content, message.context)})
-        elif message.content:
-            messages.append({"role": message.role, "content": message.content})
-    return messages
+    return messages + [chat for message in path if (chat := _chat_message(message)) is not None]
 
 
 def fit_prompt(tokenizer, system_prompt: str | None, path: Sequence[Message], max_prompt_tokens: int) -> str:
     """The prompt for `path` (ending with the new user message), dropping the oldest turns only if it
-    does not fit the model's context: the one case where a prompt may not extend the previous one."""
-    for start in _turn_starts(path):
-        messages = chat_messages(system_prompt, path[start:])
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        num_tokens = len(tokenizer.encode(prompt, add_special_tokens=False))
-        if num_tokens <= max_prompt_tokens:
-            return prompt
+    does not fit the model's context: the one case where a prompt may not extend the previous one.
+
+    The kept turns start at the earliest turn whose prompt fits.  Only the newest messages that might fit
+    are tokenised, once each, to estimate it; then a few renders of at most about the context's length
+    find it exactly, so a long history costs about as much as a full context, not one render per turn."""
+    turns = _turns_that_might_fit(tokenizer, system_prompt, path, max_prompt_tokens)
+    rendered = functools.cache(lambda start: _render(tokenizer, system_prompt, path[start:]))
+    start = _earliest_fitting(turns, max_prompt_tokens, lambda start: rendered(start)[1] <= max_prompt_tokens)
+    if start is not None:
+        return rendered(start)[0]
+    num_tokens = rendered(_turn_starts(path)[-1])[1]
     raise ValueError(
         f"the message is too long: its prompt is {num_tokens} tokens, and with the reply's max_tokens only "
         f"{max_prompt_tokens} fit the model's context; shorten the message or lower max_tokens"
@@ -55,5 +63,92 @@ def system_prefix_tokens(tokenizer, system_prompt: str | None) -> int:
     return len(tokenizer.encode(prefix, add_special_tokens=False))
 
 
+def _chat_message(message: Message) -> dict | None:
+    if message.role == "user":
+        return {"role": "user", "content": user_turn_text(message.content, message.context)}
+    return {"role": message.role, "content": message.content} if message.content else None
+
+
 def _turn_starts(path: Sequence[Message]) -> list[int]:
     return [i for i, message in enumerate(path) if message.role == "user"]
+
+
+@dataclass(frozen=True)
+class _TemplateTokens:
+    """Tokens the chat template adds once per prompt (the system part, the reply's header) and around each
+    message's text, by role."""
+
+    per_prompt: int
+    per_message: dict[str, int]
+
+    @classmethod
+    def measure(cls, tokenizer, system_prompt: str | None) -> "_TemplateTokens":
+        system = chat_messages(system_prompt, [])
+        # Alternating roles, the one order every chat template accepts.
+        turn = [{"role": role, "content": "a"} for role in ("user", "assistant", "user")]
+        first, second, third = (_render_messages_tokens(tokenizer, [*system, *turn[:n]]) for n in (1, 2, 3))
+        text = _num_tokens(tokenizer, "a")
+        user, assistant = third - second - text, second - first - text
+        return cls(first - user - text, {"user": user, "assistant": assistant})
+
+
+def _turns_that_might_fit(
+    tokenizer, system_prompt: str | None, path: Sequence[Message], max_prompt_tokens: int
+) -> list[tuple[int, int]]:
+    """(start, estimated prompt tokens) of the newest turns that might fit, oldest first: the estimate counts
+    each message alone, so a turn whose estimate is over by up to _MERGE_SLACK_TOKENS a message may fit."""
+    template = _TemplateTokens.measure(tokenizer, system_prompt)
+    estimate, slack, turns = template.per_prompt, 0, []
+    for start in reversed(range(len(path))):
+        if (message := _chat_message(path[start])) is not None:
+            text_tokens = _num_tokens_up_to(tokenizer, message["content"], max_prompt_tokens)
+            estimate += template.per_message[message["role"]] + text_tokens
+            slack += _MERGE_SLACK_TOKENS
+        if estimate - slack > max_prompt_tokens:
+            break
+        if path[start].role == "user":
+            turns.append((start, estimate))
+    return turns[::-1]
+
+
+def _earliest_fitting(
+    turns: list[tuple[int, int]], max_prompt_tokens: int, fits: Callable[[int], bool]
+) -> int | None:
+    """The earliest turn start that fits, by bisection (a later start never makes a longer prompt), trying
+    first the earliest turn estimated to fit, which usually is the answer."""
+    estimated = (i for i, (_, estimate) in enumerate(turns) if estimate <= max_prompt_tokens)
+    low, high = 0, len(turns)
+    probe = next(estimated, len(turns) - 1)
+    while low < high:
+        if fits(turns[probe][0]):
+            high = probe
+        else:
+            low = probe + 1
+        probe = (low + high) // 2
+    return turns[high][0] if high < len(turns) else None
+
+
+def _render(tokenizer, system_prompt: str | None, path: Sequence[Message]) -> tuple[str, int]:
+    prompt = _render_messages(tokenizer, chat_messages(system_prompt, path))
+    return prompt, _num_tokens(tokenizer, prompt)
+
+
+def _render_messages(tokenizer, messages: list[dict]) -> str:
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def _render_messages_tokens(tokenizer, messages: list[dict]) -> int:
+    return _num_tokens(tokenizer, _render_messages(tokenizer, messages))
+
+
+def _num_tokens_up_to(tokenizer, text: str, enough: int) -> int:
+    """The tokens in `text`, or in a prefix of it once that has over `enough`."""
+    prefix = text[: _PREFIX_CHARS_PER_TOKEN * enough]
+    num_tokens = _num_tokens(tokenizer, prefix)
+    if num_tokens > enough or len(prefix) == len(text):
+        return num_tokens
+    return _num_tokens(tokenizer, text)
+
+
+def _num_tokens(tokenizer, text: str) -> int:
+    return len(tokenizer.encode(text, add_special_tokens=False))

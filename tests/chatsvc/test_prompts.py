@@ -1,5 +1,6 @@
 """Prompts are append-only (with the real model's chat template), sessions get titles and sidebar groups."""
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -7,7 +8,7 @@ from transformers import AutoTokenizer
 
 from chatsvc.context import Source, citations, numbered
 from chatsvc.models import Message
-from chatsvc.prompts import fit_prompt
+from chatsvc.prompts import chat_messages, fit_prompt
 from chatsvc.sessions import age_group, make_title
 
 LIMIT = 8192
@@ -66,6 +67,92 @@ def test_a_session_longer_than_the_context_drops_its_oldest_turns_only(tokenizer
     )
     with pytest.raises(ValueError, match="too long"):
         fit_prompt(tokenizer, None, [user("word " * 300)], 100)
+
+
+def fit_one_turn_at_a_time(
+    tokenizer, system_prompt: str | None, path: list[Message], limit: int
+) -> str | None:
+    """The former fit_prompt, one render per dropped turn: the prompt fit_prompt must still give."""
+    for start in [i for i, message in enumerate(path) if message.role == "user"]:
+        messages = chat_messages(system_prompt, path[start:])
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        if len(tokenizer.encode(prompt, add_special_tokens=False)) <= limit:
+            return prompt
+    return None
+
+
+HISTORIES = {
+    "a short chat": [user("Hi"), reply("Hello! How can I help?"), user("What is the capital of France?")],
+    "sources": [
+        user("How do I start it?", [Source("Manual", "Press the red button to start.", {})]),
+        reply("Press the red button [1]."),
+        user(
+            "And refunds?",
+            [Source("FAQ", "Refunds take five days.", {}), Source("T", "None after a year.", {})],
+        ),
+        reply("Five days [1]."),
+        user("Thanks!"),
+    ],
+    # Text opening with white space takes fewer tokens in the prompt than counted alone.
+    "white space, an error reply, a reply first": [
+        reply("Welcome back."),
+        user("\n\n  indented\tquestion " * 8),
+        reply(""),
+        user(" again, with a leading space " * 5),
+        reply("\t\tanswer 😀 " * 6),
+        user("\r\nlast one?"),
+        reply("done " * 20),
+        user("now?"),
+    ],
+}
+
+
+@pytest.mark.parametrize("system_prompt", [None, "Be brief."])
+@pytest.mark.parametrize("history", HISTORIES)
+def test_the_prompt_is_the_one_dropping_one_turn_at_a_time_gives(tokenizer, history, system_prompt):
+    path = HISTORIES[history]
+    whole = fit_one_turn_at_a_time(tokenizer, system_prompt, path, LIMIT)
+    assert fit_prompt(tokenizer, system_prompt, path, LIMIT) == whole
+    for limit in range(10, len(tokenizer.encode(whole, add_special_tokens=False)) + 1, 3):
+        expected = fit_one_turn_at_a_time(tokenizer, system_prompt, path, limit)
+        if expected is None:
+            with pytest.raises(ValueError, match="too long"):
+                fit_prompt(tokenizer, system_prompt, path, limit)
+        else:
+            assert fit_prompt(tokenizer, system_prompt, path, limit) == expected, limit
+
+
+def long_history(pairs: int, words: int) -> list[Message]:
+    path = []
+    for n in range(pairs):
+        path += [user(f"question {n} " + "word " * words), reply(f"answer {n} " + "reply " * words)]
+    return [*path, user("now?")]
+
+
+@pytest.mark.parametrize(
+    ("path", "cpu_seconds"),
+    [
+        (long_history(600, 35), 1),  # 220 kB: 22 s of CPU when each dropped turn cost a render
+        (long_history(499, 180), 2),  # 999 messages, 1 MB
+        ([user("0123456789" * 100_000), reply("ok"), user("now?")], 2),
+    ],
+    ids=["600 pairs", "1 MB in 999 messages", "1 MB in one old message"],
+)
+def test_a_long_history_costs_about_one_context_of_work(tokenizer, path, cpu_seconds):
+    started = time.process_time()
+    prompt = fit_prompt(tokenizer, None, path, LIMIT)
+    assert time.process_time() - started < cpu_seconds
+    # The old way from a few turns back reaches the same start, if it is the earliest that fits.
+    kept_turns = prompt.count("<|im_start|>user")
+    assert 0 < kept_turns < sum(message.role == "user" for message in path)
+    assert prompt == fit_one_turn_at_a_time(tokenizer, None, path[-2 * kept_turns - 5 :], LIMIT)
+
+
+def test_a_new_message_too_long_alone_is_refused_with_its_size_quickly(tokenizer):
+    started = time.process_time()
+    with pytest.raises(ValueError, match=r"too long: its prompt is 2000\d\d tokens"):
+        fit_prompt(tokenizer, None, [user("word " * 200_000)], LIMIT)
+    assert time.process_time() - started < 2
 
 
 def test_citations_mark_the_sources_the_reply_cites():

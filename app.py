@@ -1,6 +1,7 @@
 """kvchat: one server for the chat UI, the API and metrics.  python app.py --help lists the settings."""
 
 import gc
+import os
 import sys
 from pathlib import Path
 
@@ -16,28 +17,31 @@ from chatsvc.service import ChatService
 from chatsvc.settings import Settings, settings_from_cli
 from chatsvc.ui.admin_page import AdminPage
 from chatsvc.ui.chat_page import ChatPage
+from chatsvc.ui.content_policy import ContentSecurityPolicy, content_security_policy
 from chatsvc.ui.identity import Identity
 from chatsvc.ui.knowledge_page import KnowledgePage
+from chatsvc.ui.login import LoginGate, login_routes
 from chatsvc.ui.theme import theme
-from engine.model_files import ModelLoadError
+from chatsvc.ui.uploads import RecordUploads, UploadLedger
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_URL = "/kvchat-static"  # Gradio serves its own files under /static
 LOGIN_MESSAGE = (
-    "Log in with your kvchat account. The first admin is 'admin': the first start's log shows its password."
+    "Log in with your kvchat account. The first admin is 'admin': the first start shows its password "
+    "(or writes it to first-admin.txt in the data folder)."
 )
+OTHER_PAGES = (("Knowledge bases", "/knowledge", KnowledgePage), ("Admin", "/admin", AdminPage))
 
 
-def build_ui(service: ChatService, identity: Identity) -> gr.Blocks:
+def build_ui(service: ChatService, identity: Identity, remote_images: bool) -> gr.Blocks:
     """The pages, one module each; every handler knows its user from the login.  Pages are built before
     they are placed: a Blocks made inside another one would be laid out twice."""
-    chat = ChatPage.blocks(service, identity)
-    knowledge = KnowledgePage.blocks(service, identity)
-    admin = AdminPage.blocks(service, identity)
+    chat = ChatPage.blocks(service, identity, remote_images=remote_images)
+    pages = [(name, path, page.blocks(service, identity)) for name, path, page in OTHER_PAGES]
     with gr.Blocks(title="kvchat") as ui:
         gr.Navbar(main_page_name="Chat")
         chat.render()
-    for name, path, page in (("Knowledge bases", "/knowledge", knowledge), ("Admin", "/admin", admin)):
+    for name, path, page in pages:
         with ui.route(name, path):
             gr.Navbar(main_page_name="Chat")
             page.render()
@@ -45,16 +49,24 @@ def build_ui(service: ChatService, identity: Identity) -> gr.Blocks:
 
 
 def build_app(settings: Settings) -> FastAPI:
-    """The whole server (API, metrics, UI at /); raises ModelLoadError or SQLAlchemyError on bad settings."""
+    """The whole server (API, metrics, login, UI at /); raises ModelLoadError, ValueError or SQLAlchemyError
+    on bad settings."""
     app = create_api(settings)
     app.mount(STATIC_URL, StaticFiles(directory=STATIC_DIR), name="kvchat-static")
-    identity = Identity(app.state.service)
+    uploads = _private_folder(settings.data_path() / "uploads")
+    # Read by Gradio as it builds the UI: its upload folder and cache, and no telemetry to Gradio's servers.
+    os.environ.update(GRADIO_TEMP_DIR=str(uploads), GRADIO_ANALYTICS_ENABLED="False")
+    identity = Identity(app.state.service.logins, UploadLedger(uploads))
+    app.include_router(login_routes(identity, LOGIN_MESSAGE))
+    app.add_middleware(LoginGate, identity=identity, pages=["/", *(path for _, path, _ in OTHER_PAGES)])
+    app.add_middleware(RecordUploads, ledger=identity.uploads, login_id=identity.login_id)
+    # Added last, so outermost: every response carries it, the login gate's too.
+    app.add_middleware(ContentSecurityPolicy, policy=content_security_policy(settings.allow_remote_images))
     return gr.mount_gradio_app(
         app,
-        build_ui(app.state.service, identity),
+        build_ui(app.state.service, identity, settings.allow_remote_images),
         path="/",
-        auth=identity.login,
-        auth_message=LOGIN_MESSAGE,
+        auth_dependency=identity.login_id,
         show_error=False,
         footer_links=[],
         theme=theme(),
@@ -65,11 +77,18 @@ def build_app(settings: Settings) -> FastAPI:
     )
 
 
+def _private_folder(path: Path) -> Path:
+    """Gradio's upload cache: files users upload, readable by the server's user only."""
+    path.mkdir(mode=0o700, exist_ok=True)
+    path.chmod(0o700)
+    return path
+
+
 def main() -> None:
     settings = settings_from_cli()
     try:
         app = build_app(settings)
-    except ModelLoadError as error:
+    except ValueError as error:  # ModelLoadError is one
         sys.exit(f"error: {error}")
     except SQLAlchemyError as error:
         reason = str(error).splitlines()[0]

@@ -44,11 +44,11 @@ class Chat:
     total_s: float
 
 
-async def one_chat(client: openai.AsyncOpenAI, question: str, max_tokens: int) -> Chat:
+async def one_chat(client: openai.AsyncOpenAI, model: str, question: str, max_tokens: int) -> Chat:
     started = time.perf_counter()
     first_token_at, text, chunk = None, "", None
     stream = await client.chat.completions.create(
-        model="default",
+        model=model,
         messages=[{"role": "user", "content": question}],
         max_tokens=max_tokens,
         temperature=0,
@@ -85,9 +85,10 @@ def percentile(values: list[float], fraction: float) -> float:
 async def run_load(url: str, api_key: str, concurrency: int, max_tokens: int) -> dict:
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=600)
     questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(concurrency)]
+    model = (await client.models.list()).data[0].id
     started = time.perf_counter()
     outcomes = await asyncio.gather(
-        *(one_chat(client, q, max_tokens) for q in questions), return_exceptions=True
+        *(one_chat(client, model, q, max_tokens) for q in questions), return_exceptions=True
     )
     wall = time.perf_counter() - started
     chats = [o for o in outcomes if isinstance(o, Chat)]

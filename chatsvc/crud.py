@@ -14,6 +14,7 @@ from chatsvc.models import (
     ChatSession,
     EvictionEvent,
     KnowledgeBase,
+    Login,
     Message,
     MessageStatus,
     Role,
@@ -21,7 +22,7 @@ from chatsvc.models import (
     User,
     utcnow,
 )
-from chatsvc.security import hash_api_key, hash_password, new_api_key, verify_password
+from chatsvc.security import decoy_password_hash, hash_password, hash_token, new_api_key, verify_password
 
 FIRST_ADMIN = "admin"
 SETTINGS_KEY_NAME = "from settings"
@@ -70,14 +71,18 @@ def find_any_session(db: Session, session_id: str) -> ChatSession:
 
 
 def user_by_api_key(db: Session, key: str) -> User | None:
-    return db.scalar(select(User).join(ApiKey).where(ApiKey.key_hash == hash_api_key(key)))
+    return db.scalar(
+        select(User).join(ApiKey).where(ApiKey.key_hash == hash_token(key), User.disabled.is_(False))
+    )
 
 
 def user_by_password(db: Session, username: str, password: str) -> User | None:
+    """Hashes the password once whether or not the user exists, so the time taken tells no one which
+    names exist."""
     user = db.scalar(select(User).where(User.username == username))
-    if user is None or user.password_hash is None or not verify_password(password, user.password_hash):
-        return None
-    return user
+    stored = user.password_hash if user is not None else None
+    matches = verify_password(password, stored or decoy_password_hash())
+    return user if matches and stored and not user.disabled else None
 
 
 def username(db: Session, user_id: int) -> str:
@@ -97,17 +102,76 @@ def list_users(db: Session) -> Sequence[User]:
     return db.scalars(select(User).order_by(User.id)).all()
 
 
-def delete_user(db: Session, user_id: int) -> None:
+def find_user(db: Session, user_id: int) -> User:
     user = db.get(User, user_id)
     if user is None:
         raise NotFound(f"user {user_id} not found")
-    db.delete(user)
+    return user
+
+
+def delete_user(db: Session, user_id: int) -> None:
+    db.delete(find_user(db, user_id))  # its logins and API keys go with it (ON DELETE CASCADE)
+
+
+def update_user(
+    db: Session, user_id: int, password: str | None, disabled: bool | None, role: Role | None
+) -> User:
+    """Changes what is given; a new password or disabling ends the user's logins."""
+    user = find_user(db, user_id)
+    if password is not None:
+        user.password_hash = hash_password(password)
+    if disabled is not None:
+        user.disabled = disabled
+    if role is not None:
+        user.role = role
+    if password is not None or disabled:
+        end_logins(db, user_id)
+    return user
+
+
+# --- UI logins: the cookie holds a random token, the table its hash ---
+
+
+def create_login(db: Session, user: User, token: str, address: str | None, expires_at: datetime) -> Login:
+    login = Login(user_id=user.id, token_hash=hash_token(token), address=address, expires_at=expires_at)
+    db.add(login)
+    db.flush()
+    return login
+
+
+def login_by_token(db: Session, token: str) -> Login | None:
+    """The unexpired login holding this token, of a user who may still log in."""
+    return db.scalar(
+        select(Login)
+        .join(User)
+        .where(Login.token_hash == hash_token(token), Login.expires_at > utcnow(), User.disabled.is_(False))
+    )
+
+
+def user_by_login(db: Session, login_id: str) -> User | None:
+    return db.scalar(
+        select(User)
+        .join(Login)
+        .where(Login.id == login_id, Login.expires_at > utcnow(), User.disabled.is_(False))
+    )
+
+
+def end_login(db: Session, token: str) -> None:
+    db.execute(delete(Login).where(Login.token_hash == hash_token(token)))
+
+
+def end_logins(db: Session, user_id: int) -> None:
+    db.execute(delete(Login).where(Login.user_id == user_id))
+
+
+def delete_expired_logins(db: Session) -> None:
+    db.execute(delete(Login).where(Login.expires_at <= utcnow()))
 
 
 def create_api_key(db: Session, user: User, name: str) -> tuple[ApiKey, str]:
     """The key itself is returned once and never stored; only its hash is."""
     key = new_api_key()
-    record = ApiKey(user_id=user.id, name=name, key_hash=hash_api_key(key))
+    record = ApiKey(user_id=user.id, name=name, key_hash=hash_token(key))
     db.add(record)
     db.flush()
     return record, key
@@ -154,9 +218,9 @@ def ensure_first_admin(
 def _set_settings_key(db: Session, admin: User, api_key: str) -> None:
     record = db.scalar(select(ApiKey).where(ApiKey.user_id == admin.id, ApiKey.name == SETTINGS_KEY_NAME))
     if record is None:
-        db.add(ApiKey(user_id=admin.id, name=SETTINGS_KEY_NAME, key_hash=hash_api_key(api_key)))
+        db.add(ApiKey(user_id=admin.id, name=SETTINGS_KEY_NAME, key_hash=hash_token(api_key)))
     else:
-        record.key_hash = hash_api_key(api_key)
+        record.key_hash = hash_token(api_key)
 
 
 # --- Knowledge bases ---

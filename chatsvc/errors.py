@@ -31,3 +31,14 @@ class EngineUnavailable(RuntimeError):
 
 class EngineFailed(RuntimeError):
     """The engine broke while generating (not the caller's fault); the server log has the cause."""
+
+
+class InvalidCredentials(Forbidden):
+    """A wrong user name or password; which of the two is never said."""
+
+
+class TooManyAttempts(RuntimeError):
+    def __init__(self, retry_after_s: int):
+        minutes = max(1, round(retry_after_s / 60))
+        super().__init__(f"too many failed logins; try again in {minutes} minute{'s' if minutes > 1 else ''}")
+        self.retry_after_s = retry_after_s

@@ -5,7 +5,18 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import ClassVar
 
-from sqlalchemy import JSON, DateTime, Enum, ForeignKey, Index, MetaData, String, Text, TypeDecorator
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Enum,
+    ForeignKey,
+    Index,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    false,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -73,12 +84,29 @@ class Base(DeclarativeBase):
 
 class User(Base):
     __tablename__ = "users"
+    # Ids are never reused (SQLite would otherwise hand a deleted user's id to the next user).
+    __table_args__: ClassVar[dict] = {"sqlite_autoincrement": True}
 
     id: Mapped[int] = mapped_column(primary_key=True)
     username: Mapped[str] = mapped_column(String(64), unique=True)
     password_hash: Mapped[str | None] = mapped_column(String(256))
     role: Mapped[Role] = mapped_column(default=Role.user)
+    disabled: Mapped[bool] = mapped_column(default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Login(Base):
+    """A browser's login to the UI: its cookie holds the token, the table only the token's hash.  Logging
+    out, a password change, disabling or deleting the user end it; it expires by itself at expires_at."""
+
+    __tablename__ = "logins"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)  # what the UI's events see
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the cookie's token
+    address: Mapped[str | None] = mapped_column(String(64))  # the client's, at login
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
 
 
 class ApiKey(Base):

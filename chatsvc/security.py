@@ -1,6 +1,8 @@
-"""Password and API-key hashing.  Passwords get scrypt (slow on purpose); API keys are random, so sha256."""
+"""Password and token hashing.  Passwords get scrypt (slow on purpose); API keys and login tokens are random,
+so sha256."""
 
 import base64
+import functools
 import hashlib
 import hmac
 import secrets
@@ -25,12 +27,22 @@ def verify_password(password: str, stored: str) -> bool:
     return hmac.compare_digest(computed, _unb64(digest))
 
 
+@functools.cache
+def decoy_password_hash() -> str:
+    """What an unknown user's password is checked against, so that the check costs the same."""
+    return hash_password(secrets.token_urlsafe(16))
+
+
 def new_api_key() -> str:
     return API_KEY_PREFIX + secrets.token_urlsafe(32)
 
 
-def hash_api_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
+def new_login_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def _b64(data: bytes) -> str:

@@ -19,9 +19,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from chatsvc import crud, prompts
 from chatsvc.context import citations, numbered
+from chatsvc.db import in_transaction
 from chatsvc.engines import EngineLoader, session_memory
 from chatsvc.errors import Conflict, EngineFailed, QueueFull
 from chatsvc.load_monitor import LoadMonitor
+from chatsvc.logins import LoginPolicy, Logins
 from chatsvc.metrics import ServiceMetrics
 from chatsvc.models import UNFINISHED, ChatSession, Message, MessageStatus, User
 from chatsvc.retrieval import RetrieverContext
@@ -59,8 +61,10 @@ class ChatService(SessionMethods, KnowledgeMethods, AdminMethods):
         replica_id: str,
         data_dir: Path,
         max_file_bytes: int,
+        login_policy: LoginPolicy,
     ):
         self.sessions = sessions
+        self.logins = Logins(sessions, login_policy)
         self.engines = engines
         self.retrieval = retrieval
         self.metrics = metrics
@@ -385,13 +389,7 @@ class ChatService(SessionMethods, KnowledgeMethods, AdminMethods):
                 await self._in_db(crud.save_reply_progress, reply_id, text)
 
     async def _in_db(self, work: Callable, *args, **kwargs):
-        """Run `work(db, ...)` in a worker thread, in one transaction."""
-
-        def run():
-            with self.sessions.begin() as db:
-                return work(db, *args, **kwargs)
-
-        return await asyncio.to_thread(run)
+        return await in_transaction(self.sessions, work, *args, **kwargs)
 
 
 def _render(tokenizer, system_prompt: str | None, path: list[Message], limit: int) -> tuple[str, int]:

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from chatsvc import crud
 from chatsvc.errors import Conflict, EngineUnavailable, Forbidden, NotAvailable
+from chatsvc.logins import check_password
 from chatsvc.models import ChatSession, Role, SessionKvSnapshot, User
 from chatsvc.views import EnginePanel, KvState, SessionKvDetail, SessionKvRow
 from memory.sessions import kv_files
@@ -79,19 +80,42 @@ class AdminMethods:
         return self.monitor.panel(self.engines.state, self.engines.stats(), counters, note)
 
     async def delete_user(self, user: User, user_id: int) -> None:
-        """The user with their sessions, messages and knowledge bases, and what the memory holds of them."""
+        """The user with their logins, keys, sessions, messages and knowledge bases, and what the memory holds
+        of them.  Their open pages lose access at once: every UI event looks its login up."""
         require_admin(user)
         if user_id == user.id:
             raise Conflict("admins cannot delete themselves")
-
         session_ids, knowledge_base_ids = await self._in_db(crud.owned_collections, user_id)
-        for session_id in session_ids:
-            with contextlib.suppress(Conflict):  # one still starting a reply: its KV goes below anyway
-                await self._settle(session_id)
+        await self._settle_all(session_ids)
         await self._in_db(crud.delete_user, user_id)
         await self._forget_sessions(session_ids)
         for knowledge_base_id in knowledge_base_ids:
             await self.retrieval.forget(f"kb:{knowledge_base_id}")
+
+    async def update_user(
+        self,
+        user: User,
+        user_id: int,
+        password: str | None = None,
+        disabled: bool | None = None,
+        role: Role | None = None,
+    ) -> User:
+        """A new password or disabling ends the user's logins; disabling also stops their replies and
+        refuses their API keys until they are enabled again."""
+        require_admin(user)
+        if user_id == user.id and (disabled or role == Role.user):
+            raise Conflict("admins cannot disable or demote themselves")
+        if password is not None:
+            check_password(password)
+        if disabled:
+            session_ids, _ = await self._in_db(crud.owned_collections, user_id)
+            await self._settle_all(session_ids)
+        return await self._in_db(crud.update_user, user_id, password, disabled, role)
+
+    async def _settle_all(self, session_ids: list[str]) -> None:
+        for session_id in session_ids:
+            with contextlib.suppress(Conflict):  # one still starting a reply: its KV goes below anyway
+                await self._settle(session_id)
 
     async def _live_kv(self, session_id: str) -> KvState:
         try:

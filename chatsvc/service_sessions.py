@@ -1,4 +1,4 @@
-"""The session manager's service methods: log in, list and search, show, create, change, delete.
+"""The session manager's service methods: list and search, show, create, change, delete.
 Mixed into ChatService, whose sessions, engines, retrieval, _in_db and _settle they use."""
 
 from sqlalchemy.orm import Session
@@ -13,10 +13,6 @@ CHANGEABLE = SETTINGS | {"archived", "pinned"}
 
 
 class SessionMethods:
-    async def authenticate(self, username: str, password: str) -> User | None:
-        """The user with this name and password, else None (the UI's login)."""
-        return await self._in_db(crud.user_by_password, username, password)
-
     async def list_sessions(
         self, user: User, search: str | None = None, archived: bool = False, limit: int = 100, offset: int = 0
     ) -> tuple[list[ChatSession], int]:

@@ -1,11 +1,15 @@
 """The one settings object: defaults, then KVCHAT_* environment variables, then command-line flags."""
 
+import sys
 from pathlib import Path
-from typing import Literal
+from types import NoneType, UnionType
+from typing import Literal, Union, get_args, get_origin
 
-from pydantic import Field
+from pydantic import Field, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from chatsvc.logins import LoginPolicy
 from engine.config import EngineConfig, resolve_device, resolve_dtype
 from engine.default_model import DEFAULT_CACHE_DIR, default_model_dir
 from engine.vllm_backend import VllmOptions
@@ -54,8 +58,21 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path("~/.local/share/kvchat"), description="database, session KV files, indexes")
     db_url: str = Field("", description="SQLAlchemy URL; empty = SQLite file under the data dir")
     api_key: str | None = Field(None, description="API key of the first admin (Bearer token on /v1 and /api)")
+    api_key_file: Path | None = Field(None, description="a file holding --api-key (kept out of `ps`)")
     admin_password: str | None = Field(
         None, description="password of the first admin user 'admin' (UI login)"
+    )
+    admin_password_file: Path | None = Field(
+        None, description="a file holding --admin-password (kept out of `ps`)"
+    )
+    login_hours: float = Field(
+        7 * 24, gt=0, le=24 * 366, description="a UI login ends this long after it began"
+    )
+    login_failures_per_user: int = Field(
+        10, ge=1, le=10_000, description="failed logins a user name may have in 15 minutes, then 429"
+    )
+    login_failures_per_address: int = Field(
+        50, ge=1, le=100_000, description="failed logins a client address may have in 15 minutes, then 429"
     )
     max_active_generations: int = Field(
         64, ge=1, description="replies generating or queued at once; more get 429 with Retry-After"
@@ -80,6 +97,9 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(
         100 * 2**20, ge=1024, description="largest document upload request (all files together)"
     )
+    allow_remote_images: bool = Field(
+        False, description="let Markdown images from other web hosts load in chats (they track who reads)"
+    )
     replica_id: str = Field(
         "default", description="name of this app replica; each replica sharing one database needs its own"
     )
@@ -88,8 +108,10 @@ class Settings(BaseSettings):
         return Path(self.model).expanduser() if self.model else default_model_dir(self.model_cache_dir)
 
     def data_path(self) -> Path:
+        """Created private to the server's user: it holds the database, conversations' KV and uploads."""
         path = self.data_dir.expanduser()
-        path.mkdir(parents=True, exist_ok=True)
+        if not path.is_dir():
+            path.mkdir(parents=True, mode=0o700)
         return path
 
     def database_url(self) -> str:
@@ -118,6 +140,17 @@ class Settings(BaseSettings):
             gpu_memory_utilization=self.gpu_memory_utilization,
         )
 
+    def login_policy(self) -> LoginPolicy:
+        return LoginPolicy(
+            lifetime_hours=self.login_hours,
+            failures_per_user=self.login_failures_per_user,
+            failures_per_address=self.login_failures_per_address,
+        )
+
+    def first_admin_secrets(self) -> tuple[str | None, str | None]:
+        """The API key and password from the flags, or else from the files the flags name."""
+        return _given(self.api_key, self.api_key_file), _given(self.admin_password, self.admin_password_file)
+
     def memory_config(self) -> MemoryConfig:
         """Raises ValueError when the budgets contradict each other (the pool must hold one session)."""
         return MemoryConfig(
@@ -128,5 +161,70 @@ class Settings(BaseSettings):
         )
 
 
+def _given(value: str | None, file: Path | None) -> str | None:
+    """Raises ValueError when the file cannot be read."""
+    if value is not None or file is None:
+        return value
+    try:
+        return file.expanduser().read_text().strip() or None
+    except OSError as error:
+        raise ValueError(f"cannot read {file}: {error.strerror}") from None
+
+
 def settings_from_cli(args: list[str] | None = None) -> Settings:
-    return Settings(_cli_parse_args=args if args is not None else True)
+    """Like argparse, exits with status 2 on bad values: one line each, naming the flag or variable."""
+    args = sys.argv[1:] if args is None else args
+    try:
+        return Settings(_cli_parse_args=args)
+    except ValidationError as error:
+        print(*_bad_values(error, args), sep="\n", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _bad_values(error: ValidationError, args: list[str]) -> list[str]:
+    lines = {}
+    for problem in error.errors(include_url=False):
+        name = problem["loc"][0] if problem["loc"] else None
+        lines.setdefault(name, _bad_value(name, problem, args))  # one line a field, however many problems
+    return list(lines.values())
+
+
+def _bad_value(name: str | None, problem: dict, args: list[str]) -> str:
+    """`error: --port: 'abc' is not allowed: an integer from 1 to 65535`."""
+    field = Settings.model_fields.get(name)
+    if field is None:  # a check across fields, not one value's: pydantic's words
+        return f"error: {problem['msg']}"
+    allowed = _allowed(field) or problem["msg"]
+    return f"error: {_source(name, args)}: {problem['input']!r} is not allowed: {allowed}"
+
+
+def _source(name: str, args: list[str]) -> str:
+    """The flag when the command line gives it (flags win), else the environment variable."""
+    flag = "--" + name.replace("_", "-")
+    given = any(arg == flag or arg.startswith(flag + "=") for arg in args)
+    return flag if given else f"{Settings.model_config['env_prefix']}{name.upper()}"
+
+
+BOUNDS = {"ge": "at least", "gt": "greater than", "le": "at most", "lt": "less than"}
+
+
+def _allowed(field: FieldInfo) -> str | None:
+    """What a field accepts, in words, from its type and constraints; None for types without words."""
+    kind = next(option for option in _options(field.annotation) if option is not NoneType)
+    if get_origin(kind) is Literal:
+        return "one of " + ", ".join(str(choice) for choice in get_args(kind))
+    if kind is bool:
+        return "true or false"
+    noun = {int: "an integer", float: "a number"}.get(kind)
+    if noun is None:
+        return None
+    bounds = {key: getattr(rule, key) for rule in field.metadata for key in BOUNDS if hasattr(rule, key)}
+    if bounds.keys() == {"ge", "le"}:
+        return f"{noun} from {bounds['ge']} to {bounds['le']}"
+    limits = " and ".join(f"{BOUNDS[key]} {bound}" for key, bound in bounds.items())
+    return f"{noun} that is {limits}" if limits else noun
+
+
+def _options(annotation: object) -> tuple:
+    """The types of a union (`int | None`, `Optional[Literal[...]]`), or the one type."""
+    return get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)

@@ -8,6 +8,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from chatsvc import crud
+from chatsvc.api.schemas import Id
 from chatsvc.errors import Forbidden
 from chatsvc.models import ChatSession, KnowledgeBase, Message, Role, User
 from chatsvc.service import ChatService
@@ -59,7 +60,7 @@ def owned_session(session_id: str, user: CurrentUser, db: DbDep) -> ChatSession:
     return crud.find_session(db, user.id, session_id)
 
 
-def owned_message(message_id: int, user: CurrentUser, db: DbDep) -> Message:
+def owned_message(message_id: Id, user: CurrentUser, db: DbDep) -> Message:
     return crud.find_message(db, user.id, message_id)
 
 

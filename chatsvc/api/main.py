@@ -1,8 +1,10 @@
 """The API application: database ready, first admin, crash recovery, engine and retriever loading, routes."""
 
 import logging
+import os
 import sys
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 from sqlalchemy import Engine
@@ -23,6 +25,7 @@ from memory.retrieval import Retriever
 
 log = logging.getLogger(__name__)
 ROUTERS = [chat, sessions, messages, knowledge_bases, account, admin, system]
+FIRST_ADMIN_FILE = "first-admin.txt"  # in the data dir, mode 0600
 
 
 def create_api(settings: Settings) -> FastAPI:
@@ -49,6 +52,7 @@ def create_api(settings: Settings) -> FastAPI:
         replica_id=settings.replica_id,
         data_dir=settings.data_path(),
         max_file_bytes=settings.max_file_bytes,
+        login_policy=settings.login_policy(),
     )
 
     @asynccontextmanager
@@ -86,19 +90,26 @@ def _retrieval(database: Engine, settings: Settings) -> RetrieverContext:
 
 
 def _first_admin(db: Session, settings: Settings) -> User:
-    admin, generated_key, generated_password = crud.ensure_first_admin(
-        db, settings.api_key, settings.admin_password
-    )
-    if generated_key:
-        print(
-            f"Created the admin user 'admin' with API key {generated_key}\n"
-            "It is shown only this once; start with --api-key KEY to choose your own.",
-            file=sys.stderr,
-        )
-    if generated_password:
-        print(
-            f"Log in to the web page as 'admin' with password {generated_password}\n"
-            "It is shown only this once; start with --admin-password PASSWORD to choose your own.",
-            file=sys.stderr,
-        )
+    admin, generated_key, generated_password = crud.ensure_first_admin(db, *settings.first_admin_secrets())
+    generated = {"API key": generated_key, "password": generated_password}
+    if generated := {what: value for what, value in generated.items() if value}:
+        _hand_over(generated, settings.data_path())
     return admin
+
+
+def _hand_over(generated: dict[str, str], data_dir: Path) -> None:
+    """Generated credentials go to the terminal once; where no one watches a terminal (a service whose
+    output is logged), to a file only the server's user can read, never to the log."""
+    lines = "".join(f"  {what}: {value}\n" for what, value in generated.items())
+    if sys.stderr.isatty():
+        print(
+            f"Created the admin user 'admin', shown only this once:\n{lines}"
+            "Choose your own with --admin-password-file and --api-key-file (or KVCHAT_ADMIN_PASSWORD and "
+            "KVCHAT_API_KEY).",
+            file=sys.stderr,
+        )
+        return
+    path = data_dir / FIRST_ADMIN_FILE
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as file:
+        file.write(f"The admin user 'admin':\n{lines}")
+    log.warning("created the admin user 'admin'; its generated %s: see %s", " and ".join(generated), path)

@@ -1,10 +1,16 @@
 """OpenAI's chat-completions shapes, plus our extra fields: session_id, knowledge_base_id, message_id."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from chatsvc.api.schemas import Seed, Tokens
 from chatsvc.turns import TurnOptions, Usage
+
+# OpenAI takes 4 stop strings; clients written for servers without a limit (vLLM) send a few more.  Each new
+# token is checked against every one of them, so both their number and their length are bounded.
+StopText = Annotated[str, Field(max_length=256)]
+StopList = Annotated[list[StopText], Field(max_length=16)]
 
 
 class TextPart(BaseModel):
@@ -27,16 +33,16 @@ class StreamOptions(BaseModel):
 class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields we do not use (user, metadata...)
 
-    model: str | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
+    model: str | None = Field(None, description="the served model's name (GET /v1/models); another gets 404")
+    messages: list[ChatMessage] = Field(min_length=1, max_length=1000, description="oldest first, 1 to 1000")
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    max_tokens: Tokens | None = None
+    max_completion_tokens: Tokens | None = None
+    stop: StopText | StopList | None = None
+    seed: Seed | None = None
     n: Literal[1] = 1
     session_id: str | None = Field(
         None, description="continue this stored session; send only the new message"

@@ -5,6 +5,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from chatsvc.logins import PASSWORD_MAX, PASSWORD_MIN
 from chatsvc.models import MessageStatus, Role, utcnow
 from chatsvc.sessions import age_group
 from chatsvc.turns import TurnOptions
@@ -14,7 +15,15 @@ from memory.retrieval import Document, Hit, Passage, Rejected
 Title = Annotated[str, Field(min_length=1, max_length=200)]
 SystemPrompt = Annotated[str, Field(max_length=50_000)]
 Temperature = Annotated[float, Field(ge=0, le=2)]
-KvBudget = Annotated[int, Field(ge=1)]
+
+# Every integer a request sends is bounded: one past what a database column holds would be a 500.
+DB_INT_MAX = 2**31 - 1  # ids are INTEGER columns, 32 bits on Postgres
+MAX_TOKENS = 2**24  # beyond any model's context; the engine checks the served model's own length
+Id = Annotated[int, Field(ge=1, le=DB_INT_MAX)]
+Offset = Annotated[int, Field(ge=0, le=DB_INT_MAX)]
+PageSize = Annotated[int, Field(ge=1, le=500)]
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]  # 64 bits, as vLLM and torch.Generator take them
 
 
 class Strict(BaseModel):
@@ -32,17 +41,34 @@ class Detail(BaseModel):
 # --- users and keys ---
 
 
+Password = Annotated[str, Field(min_length=PASSWORD_MIN, max_length=PASSWORD_MAX)]
+
+
 class UserPublic(FromRow):
     id: int
     username: str
     role: Role
+    disabled: bool
     created_at: datetime
 
 
 class UserCreate(Strict):
     username: str = Field(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")
     role: Role = Role.user
-    password: str | None = Field(None, min_length=8, max_length=200)
+    password: Password | None = None
+
+
+class UserUpdate(Strict):
+    """Left out = unchanged.  A new password or disabled=true ends the user's UI logins."""
+
+    password: Password = None
+    disabled: bool = None
+    role: Role = None
+
+
+class PasswordChange(Strict):
+    current_password: str = Field(max_length=PASSWORD_MAX)
+    new_password: Password
 
 
 class UserCreated(UserPublic):
@@ -127,7 +153,7 @@ class SessionCreate(Strict):
     system_prompt: SystemPrompt | None = None
     knowledge_base_id: str | None = None
     temperature: Temperature | None = None
-    kv_budget_tokens: KvBudget | None = None
+    kv_budget_tokens: Tokens | None = None
 
 
 class SessionUpdate(Strict):
@@ -138,7 +164,7 @@ class SessionUpdate(Strict):
     system_prompt: SystemPrompt | None = None
     knowledge_base_id: str | None = None
     temperature: Temperature | None = None
-    kv_budget_tokens: KvBudget | None = None
+    kv_budget_tokens: Tokens | None = None
 
 
 class SessionPublic(FromRow):
@@ -201,10 +227,10 @@ class SessionDetail(SessionPublic):
 
 
 class GenerationOptions(Strict):
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: Tokens | None = None
     temperature: Temperature | None = None
     top_p: float = Field(1.0, gt=0, le=1)
-    seed: int | None = None
+    seed: Seed | None = None
 
     def turn_options(self) -> TurnOptions:
         return TurnOptions(self.max_tokens, self.temperature, self.top_p, [], self.seed)

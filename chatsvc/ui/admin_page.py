@@ -218,7 +218,7 @@ class AdminPage(Page):
 
     @shows_errors
     async def loaded(self, request: gr.Request) -> tuple:
-        user = self.identity.user(request)
+        user = await self.identity.user(request)
         if user.role != "admin":
             denied = gr.Markdown(
                 "## Admins only\nThis page is for admins. [Back to the chat](/)", visible=True
@@ -239,13 +239,13 @@ class AdminPage(Page):
 
     @shows_errors
     async def list_sessions(self, owner: str, title: str, request: gr.Request) -> tuple:
-        return await self.rows(self.identity.admin(request), owner or "", title or "")
+        return await self.rows(await self.identity.admin(request), owner or "", title or "")
 
     @shows_errors
     async def open_session(
         self, session_ids: list[str], selected: gr.SelectData, request: gr.Request
     ) -> tuple:
-        user = self.identity.admin(request)
+        user = await self.identity.admin(request)
         row = selected.index[0] if isinstance(selected.index, list | tuple) else selected.index
         if not 0 <= row < len(session_ids):
             raise gr.Error("That session is no longer listed; refresh the list.")
@@ -269,11 +269,11 @@ class AdminPage(Page):
 
     def kv_action(self, action: str):
         async def act(session_id: str | None, owner: str, title: str, request: gr.Request) -> tuple:
-            user = self.identity.admin(request)
+            user = await self.identity.admin(request)
             if session_id is None:
                 raise gr.Error("Select a session first.")
             detail = await self.service.admin_kv_action(user, session_id, action)
-            gr.Info(f"KV of '{detail.session.title}': {action} done.")
+            gr.Info(html.text(f"KV of '{detail.session.title}': {action} done."))  # a toast shows HTML
             return *self.shown(detail), *await self.rows(user, owner or "", title or "")
 
         act.__name__ = f"kv_{action}"

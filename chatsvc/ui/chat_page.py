@@ -11,7 +11,7 @@ from chatsvc.service import ChatService
 from chatsvc.sessions import age_group
 from chatsvc.turns import Turn, TurnOptions
 from chatsvc.ui.chat_view import ChatView, conversation, streaming, written_text
-from chatsvc.ui.identity import SHOWN_ERRORS, shows_errors
+from chatsvc.ui.identity import SHOWN_ERRORS, Identity, shows_errors
 from chatsvc.ui.page import Page
 
 DEFAULT_TEMPERATURE = 0.7
@@ -42,6 +42,17 @@ def engine_notice(service: ChatService) -> str:
 
 
 class ChatPage(Page):
+    @classmethod
+    def blocks(cls, service: ChatService, identity: Identity, *, remote_images: bool) -> gr.Blocks:
+        """`remote_images`: the admin lets Markdown images from other hosts load in messages and sources."""
+        with gr.Blocks() as page:
+            cls(service, identity, page, remote_images)
+        return page
+
+    def __init__(self, service: ChatService, identity: Identity, page: gr.Blocks, remote_images: bool):
+        self.remote_images = remote_images
+        super().__init__(service, identity, page)
+
     # --- layout ---
 
     def layout(self) -> None:
@@ -213,7 +224,7 @@ class ChatPage(Page):
 
     @shows_errors
     async def loaded(self, request: gr.Request) -> tuple:
-        user = self.identity.user(request)
+        user = await self.identity.user(request)
         sessions, _ = await self.service.list_sessions(user)
         bases = await self.service.list_knowledge_bases(user)
         choices = [NO_KNOWLEDGE_BASE] + [(base.name, base.id) for base in bases]
@@ -237,9 +248,9 @@ class ChatPage(Page):
         return shows_errors(open_this)
 
     async def open(self, session_id: str, request: gr.Request) -> tuple:
-        user = self.identity.user(request)
+        user = await self.identity.user(request)
         session, branch = await self.service.get_session(user, session_id)
-        view = conversation(branch)
+        view = conversation(branch, self.remote_images)
         temperature = DEFAULT_TEMPERATURE if session.temperature is None else session.temperature
         system_prompt = gr.Textbox(value=session.system_prompt or "", interactive=not branch)
         return (
@@ -260,7 +271,7 @@ class ChatPage(Page):
     @shows_errors
     async def find(self, query: str, request: gr.Request) -> list[dict]:
         sessions, _ = await self.service.list_sessions(
-            self.identity.user(request), search=query.strip() or None
+            await self.identity.user(request), search=query.strip() or None
         )
         return sidebar_groups(sessions)
 
@@ -268,14 +279,14 @@ class ChatPage(Page):
     async def rename(self, session_id: str | None, title: str, query: str, request: gr.Request) -> list[dict]:
         if session_id is None:
             raise gr.Error("Open a chat to rename it.")
-        user = self.identity.user(request)
+        user = await self.identity.user(request)
         await self.service.rename_session(user, session_id, title.strip())
         sessions, _ = await self.service.list_sessions(user, search=query.strip() or None)
         return sidebar_groups(sessions)
 
     @shows_errors
     async def delete(self, session_id: str | None, request: gr.Request) -> tuple:
-        user = self.identity.user(request)
+        user = await self.identity.user(request)
         if session_id is not None:
             await self.service.delete_session(user, session_id)
         sessions, _ = await self.service.list_sessions(user)
@@ -284,14 +295,14 @@ class ChatPage(Page):
     @shows_errors
     async def set_knowledge_base(self, session_id: str | None, knowledge_base_id: str, request: gr.Request):
         if session_id is not None:
-            user = self.identity.user(request)
+            user = await self.identity.user(request)
             await self.service.update_session(user, session_id, knowledge_base_id=knowledge_base_id or None)
 
     @shows_errors
     async def set_temperature(self, session_id: str | None, temperature: float, request: gr.Request):
         if session_id is not None:
             await self.service.update_session(
-                self.identity.user(request), session_id, temperature=temperature
+                await self.identity.user(request), session_id, temperature=temperature
             )
 
     # --- turns ---
@@ -309,7 +320,7 @@ class ChatPage(Page):
     ) -> AsyncIterator[dict]:
         if not (message or "").strip():
             raise gr.Error("The message is empty.")
-        user = self.identity.user(request)
+        user = await self.identity.user(request)
         options = TurnOptions(temperature=temperature)
         if session_id is None:
             start = self.first_turn(user, message, options, system_prompt, knowledge_base_id)
@@ -343,7 +354,7 @@ class ChatPage(Page):
         temperature: float,
         request: gr.Request,
     ) -> AsyncIterator[dict]:
-        user = self.identity.user(request)
+        user = await self.identity.user(request)
         start = self.service.regenerate(
             user, view.reply_after(retry.index), TurnOptions(temperature=temperature)
         )
@@ -359,7 +370,7 @@ class ChatPage(Page):
         temperature: float,
         request: gr.Request,
     ) -> AsyncIterator[dict]:
-        user = self.identity.user(request)
+        user = await self.identity.user(request)
         content = written_text(edited.value if isinstance(edited.value, str) else str(edited.value))
         options = TurnOptions(temperature=temperature)
         start = self.service.edit(user, view.message_at(edited.index), content, options)
@@ -376,7 +387,11 @@ class ChatPage(Page):
     ) -> AsyncIterator[dict]:
         """Show the question at once, stream the reply, then the stored turn with its sources and figures.
         Leaving early (Stop, a closed tab) cancels the reply: it is stored as aborted with its text so far."""
-        yield {self.chatbot: streaming(before, question, ""), self.message: "", **self.generating(True)}
+        yield {
+            self.chatbot: streaming(before, question, "", self.remote_images),
+            self.message: "",
+            **self.generating(True),
+        }
         try:
             turn = await start
         except SHOWN_ERRORS as error:  # a toast, and the page as it was (with the draft back in the box)
@@ -389,7 +404,7 @@ class ChatPage(Page):
         try:
             async for piece in turn.stream():
                 text += piece
-                yield {self.chatbot: streaming(before, question, text)}
+                yield {self.chatbot: streaming(before, question, text, self.remote_images)}
         finally:
             turn.cancel()
         result = await turn.result()
@@ -400,7 +415,7 @@ class ChatPage(Page):
     async def stored_turn(self, user: User, session_id: str) -> dict:
         session, branch = await self.service.get_session(user, session_id)
         sessions, _ = await self.service.list_sessions(user)
-        view = conversation(branch)
+        view = conversation(branch, self.remote_images)
         return {
             self.chatbot: view.messages,
             self.view: view,
@@ -421,5 +436,7 @@ class ChatPage(Page):
     @shows_errors
     async def stop(self, session_id: str | None, request: gr.Request) -> gr.Button:
         """The reply stops and is stored as aborted with its text so far; the streaming event shows it."""
-        stopped = session_id is not None and await self.service.stop(self.identity.user(request), session_id)
+        stopped = session_id is not None and await self.service.stop(
+            await self.identity.user(request), session_id
+        )
         return gr.Button(visible=False) if stopped else gr.skip()

@@ -1,39 +1,40 @@
-"""Who is calling: the password check Gradio's login page runs, and the user behind every event."""
+"""Who is calling: the login behind a request (its cookie), and the user behind every UI event, looked up
+in the database each time, so that a deleted or disabled user, or an ended login, loses access at once."""
 
 import functools
 import inspect
 
 import gradio as gr
+from fastapi import Request
 
 from chatsvc.errors import EngineUnavailable, NotAvailable, QueueFull
+from chatsvc.logins import Logins
 from chatsvc.models import Role, User
-from chatsvc.service import ChatService
+from chatsvc.ui.uploads import UploadLedger
 
 # Refusals and caller mistakes the service explains in words; anything else stays a server-side error.
 SHOWN_ERRORS = (ValueError, LookupError, PermissionError, QueueFull, EngineUnavailable, NotAvailable)
+LOGIN_COOKIE = "kvchat-login"
 
 
 class Identity:
-    """Gradio keeps the login token -> username; this maps the username to the service's user."""
+    def __init__(self, logins: Logins, uploads: UploadLedger):
+        self.logins = logins
+        self.uploads = uploads  # which login uploaded which file
 
-    def __init__(self, service: ChatService):
-        self.service = service
-        self.logged_in: dict[str, User] = {}  # filled at login; Gradio's tokens die with the process too
+    async def login_id(self, request: Request) -> str | None:
+        """Gradio's auth_dependency, run for every request to the UI: what its events see as the username."""
+        token = request.cookies.get(LOGIN_COOKIE)
+        return await self.logins.login_id(token) if token else None
 
-    async def login(self, username: str, password: str) -> bool:
-        user = await self.service.authenticate(username, password)
-        if user is not None:
-            self.logged_in[user.username] = user
-        return user is not None
-
-    def user(self, request: gr.Request) -> User:
-        user = self.logged_in.get(request.username or "")
+    async def user(self, request: gr.Request) -> User:
+        user = await self.logins.user(request.username) if request.username else None
         if user is None:
-            raise gr.Error("You are not logged in; reload the page to log in.")
+            raise gr.Error("You are not logged in any more; reload the page to log in.")
         return user
 
-    def admin(self, request: gr.Request) -> User:
-        user = self.user(request)
+    async def admin(self, request: gr.Request) -> User:
+        user = await self.user(request)
         if user.role != Role.admin:
             raise gr.Error("This page is for admins.")
         return user

@@ -10,6 +10,7 @@ import gradio as gr
 from chatsvc.ui import html
 from chatsvc.ui.identity import shows_errors
 from chatsvc.ui.page import Page
+from chatsvc.ui.uploads import only_uploads
 from chatsvc.views import QueryPreview
 from memory.retrieval import Document, Passage
 
@@ -88,11 +89,13 @@ class KnowledgePage(Page):
             self.cancel_delete = gr.Button("Keep it", size="sm")
         with gr.Row():
             with gr.Column(scale=3):
-                self.files = gr.File(
-                    label="Add documents (.txt, .md, .html, .pdf)",
-                    file_count="multiple",
-                    file_types=FILE_TYPES,
-                    elem_id="kb-files",
+                self.files = only_uploads(
+                    gr.File(
+                        label="Add documents (.txt, .md, .html, .pdf)",
+                        file_count="multiple",
+                        file_types=FILE_TYPES,
+                        elem_id="kb-files",
+                    )
                 )
                 self.upload_report = gr.HTML(elem_id="kb-upload-report")
             with gr.Column(scale=4):
@@ -163,7 +166,7 @@ class KnowledgePage(Page):
     # --- handlers ---
 
     async def choices(self, request: gr.Request) -> list[tuple[str, str]]:
-        bases = await self.service.list_knowledge_bases(self.identity.user(request))
+        bases = await self.service.list_knowledge_bases(await self.identity.user(request))
         return [(base.name, base.id) for base in bases]
 
     @shows_errors
@@ -175,7 +178,9 @@ class KnowledgePage(Page):
     async def listing(self, knowledge_base_id: str | None, request: gr.Request) -> tuple:
         documents = []
         if knowledge_base_id:
-            documents = await self.service.list_documents(self.identity.user(request), knowledge_base_id)
+            documents = await self.service.list_documents(
+                await self.identity.user(request), knowledge_base_id
+            )
         no_selection = gr.Button(interactive=False)
         return document_rows(documents), [d.id for d in documents], None, no_selection
 
@@ -185,14 +190,14 @@ class KnowledgePage(Page):
 
     @shows_errors
     async def create(self, name: str, request: gr.Request) -> tuple:
-        created = await self.service.create_knowledge_base(self.identity.user(request), name or "")
+        created = await self.service.create_knowledge_base(await self.identity.user(request), name or "")
         return gr.Dropdown(choices=await self.choices(request), value=created.id), ""
 
     @shows_errors
     async def delete_base(self, knowledge_base_id: str | None, request: gr.Request) -> tuple:
         if not knowledge_base_id:
             raise gr.Error("Choose a knowledge base first.")
-        await self.service.delete_knowledge_base(self.identity.user(request), knowledge_base_id)
+        await self.service.delete_knowledge_base(await self.identity.user(request), knowledge_base_id)
         choices = await self.choices(request)
         first = choices[0][1] if choices else None
         return (
@@ -212,12 +217,12 @@ class KnowledgePage(Page):
         """Indexes the files one by one, so the progress bar moves per file (embedding is the slow part)."""
         if not knowledge_base_id:
             raise gr.Error("Create or choose a knowledge base first.")
-        user = self.identity.user(request)
+        user = await self.identity.user(request)
         added, rejected = [], []
         for done, path in enumerate(paths or []):
             name = Path(path).name
             progress((done, len(paths)), desc=f"Indexing {name}", unit="files")
-            content = await asyncio.to_thread(Path(path).read_bytes)
+            content = await asyncio.to_thread(self.identity.uploads.read, request.username, path)
             result = await self.service.upload_documents(user, knowledge_base_id, [(name, content)])
             added += result.added
             rejected += result.rejected
@@ -237,7 +242,7 @@ class KnowledgePage(Page):
     ):
         if not knowledge_base_id or document_id is None:
             raise gr.Error("Select a document in the list first.")
-        await self.service.delete_document(self.identity.user(request), knowledge_base_id, document_id)
+        await self.service.delete_document(await self.identity.user(request), knowledge_base_id, document_id)
         return await self.listing(knowledge_base_id, request)
 
     @shows_errors
@@ -246,5 +251,7 @@ class KnowledgePage(Page):
             raise gr.Error("Create or choose a knowledge base first.")
         if not (query or "").strip():
             raise gr.Error("Write a query first.")
-        preview = await self.service.try_query(self.identity.user(request), knowledge_base_id, query.strip())
+        preview = await self.service.try_query(
+            await self.identity.user(request), knowledge_base_id, query.strip()
+        )
         return preview_html(preview)

@@ -17,9 +17,11 @@ import pytest
 import uvicorn
 
 from chatsvc.api.main import create_api
+from chatsvc.db import create_db_engine, migrate, session_factory
 from chatsvc.settings import Settings
 
 ADMIN_KEY = "kvc-test-admin-key"
+MODEL = "SmolLM2-135M-Instruct"  # the bundled model's folder: the name it is served by
 
 
 def free_port() -> int:
@@ -90,6 +92,15 @@ def db_url(request, tmp_path) -> str:
     with psycopg.connect(server.replace("+psycopg", "") + "/postgres", autocommit=True) as connection:
         connection.execute(f"CREATE DATABASE {name}")
     return f"{server}/{name}"
+
+
+@pytest.fixture
+def database(db_url):
+    """A migrated database of each kind, as a sessionmaker."""
+    engine = create_db_engine(db_url)
+    migrate(engine)
+    yield session_factory(engine)
+    engine.dispose()
 
 
 def server_settings(data_dir: Path, model_dir: Path, **overrides) -> Settings:

@@ -7,20 +7,12 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
 from chatsvc import crud, sessions
-from chatsvc.db import alembic_config, create_db_engine, migrate, session_factory
+from chatsvc.db import alembic_config, create_db_engine, migrate
 from chatsvc.errors import Conflict, NotFound
 from chatsvc.models import Base, MessageStatus, Role
 from chatsvc.security import verify_password
 
 CHAT_TABLES = {table.name for table in Base.metadata.sorted_tables}
-
-
-@pytest.fixture
-def database(db_url):
-    engine = create_db_engine(db_url)
-    migrate(engine)
-    yield session_factory(engine)
-    engine.dispose()
 
 
 def test_migrations_upgrade_downgrade_and_upgrade_again(db_url):

@@ -1,6 +1,8 @@
 """Knowledge bases through the API: upload (one bad file rejected with its reason), an answer that cites the
 document by name and paragraph, try a query, delete; the server's upload limits."""
 
+from tests.chatsvc.conftest import MODEL
+
 SHIPPING = b"""# Shipping
 
 Parcels to Norway take 4 working days and cost 9 euros.
@@ -27,7 +29,7 @@ def test_a_knowledge_base_answers_with_numbered_citations_of_its_documents(serve
     assert [(d["name"], d["num_paragraphs"]) for d in documents["data"]] == [("shipping.md", 2)]
 
     completion = client.chat.completions.create(
-        model="any",
+        model=MODEL,
         messages=[{"role": "user", "content": QUESTION}],
         max_tokens=24,
         temperature=0,

@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from tests.chatsvc.conftest import ADMIN_KEY
+from tests.chatsvc.conftest import ADMIN_KEY, MODEL
 
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -32,14 +32,14 @@ def wait_finished(server, message_id: int, timeout_s: float = 60) -> dict:
 
 
 def test_a_plain_completion_starts_a_stored_session(server, client):
-    completion = client.chat.completions.create(model="any", messages=FRANCE, max_tokens=12, temperature=0)
+    completion = client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=12, temperature=0)
     reply = completion.choices[0].message.content
     assert "Paris" in reply and completion.choices[0].finish_reason == "stop"
     usage = completion.usage
     assert usage.prompt_tokens > 10 and 0 < usage.completion_tokens <= 12
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     assert 0 <= usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens
-    again = client.chat.completions.create(model="any", messages=FRANCE, max_tokens=12, temperature=0)
+    again = client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=12, temperature=0)
     assert again.choices[0].message.content == reply
     # The same prompt again: every full block of it comes from the prefix cache.
     assert again.usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - 16
@@ -55,7 +55,7 @@ def test_a_plain_completion_starts_a_stored_session(server, client):
 
 def test_a_streamed_completion_carries_the_session_id_and_ends_with_the_usage_chunk(server, client):
     stream = client.chat.completions.create(
-        model="any",
+        model=MODEL,
         messages=FRANCE,
         max_tokens=12,
         temperature=0,
@@ -74,10 +74,10 @@ def test_a_streamed_completion_carries_the_session_id_and_ends_with_the_usage_ch
 
 
 def test_a_session_continues_by_session_id_with_only_the_new_message(server, client):
-    first = client.chat.completions.create(model="any", messages=FRANCE, max_tokens=10, temperature=0)
+    first = client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=10, temperature=0)
     follow_up = [{"role": "user", "content": "And of Italy?"}]
     second = client.chat.completions.create(
-        model="any",
+        model=MODEL,
         messages=follow_up,
         max_tokens=10,
         temperature=0,
@@ -95,7 +95,7 @@ def test_a_session_continues_by_session_id_with_only_the_new_message(server, cli
     ]
     # A load balancer routes by header: the same continuation, naming the session there instead.
     third = client.chat.completions.create(
-        model="any",
+        model=MODEL,
         messages=[{"role": "user", "content": "And of Spain?"}],
         max_tokens=10,
         temperature=0,
@@ -107,12 +107,12 @@ def test_a_session_continues_by_session_id_with_only_the_new_message(server, cli
 
 def test_stop_strings_and_seeds_are_honoured(client):
     stopped = client.chat.completions.create(
-        model="any", messages=FRANCE, max_tokens=12, temperature=0, stop="Paris"
+        model=MODEL, messages=FRANCE, max_tokens=12, temperature=0, stop="Paris"
     )
     assert "Paris" not in stopped.choices[0].message.content
     assert stopped.choices[0].finish_reason == "stop"
     sampled = [
-        client.chat.completions.create(model="any", messages=STORY, max_tokens=5, temperature=1.0, seed=7)
+        client.chat.completions.create(model=MODEL, messages=STORY, max_tokens=5, temperature=1.0, seed=7)
         for _ in range(2)
     ]
     assert sampled[0].choices[0].message.content == sampled[1].choices[0].message.content
@@ -143,7 +143,7 @@ def test_models_health_and_metrics(server, client):
 
 def test_closing_a_stream_midway_stores_the_reply_as_aborted_with_its_partial_text(server, client):
     stream = client.chat.completions.create(
-        model="any", messages=STORY, max_tokens=300, temperature=0, stream=True
+        model=MODEL, messages=STORY, max_tokens=300, temperature=0, stream=True
     )
     received, message_id = "", None
     for chunk in stream:
@@ -200,12 +200,12 @@ def test_over_the_generation_limit_gets_429_with_retry_after(server, client):
             open_streams.append(response.iter_lines())
             assert next(open_streams[-1]).startswith("data: ")
         with pytest.raises(openai.RateLimitError) as refused:
-            client.chat.completions.create(model="any", messages=FRANCE, max_tokens=5)
+            client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=5)
         assert int(refused.value.response.headers["Retry-After"]) > 0
 
 
 def test_regenerate_and_edit_make_branches(server, client):
-    first = client.chat.completions.create(model="any", messages=FRANCE, max_tokens=6, temperature=0)
+    first = client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=6, temperature=0)
     question = rest(server, "GET", f"/api/sessions/{first.session_id}").json()["messages"][0]
     again = rest(
         server, "POST", f"/api/messages/{first.message_id}/regenerate", json={"max_tokens": 6}

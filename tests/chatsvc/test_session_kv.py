@@ -4,7 +4,7 @@ a small budget forces an eviction that the admin page shows, deleting a session 
 import re
 
 from chatsvc import crud
-from tests.chatsvc.conftest import ADMIN_KEY
+from tests.chatsvc.conftest import ADMIN_KEY, MODEL
 
 QUESTIONS = ["What is the capital of France?", "And of Italy?", "Which of the two is larger?"]
 LONG_TEXT = "The quick brown fox jumps over the lazy dog near the river bank. " * 28  # ~360 tokens
@@ -17,7 +17,7 @@ def prefill_tokens(server) -> float:
 
 def ask(client, content: str, max_tokens: int = 8, **extra):
     return client.chat.completions.create(
-        model="any",
+        model=MODEL,
         messages=[{"role": "user", "content": content}],
         max_tokens=max_tokens,
         temperature=0,

@@ -125,9 +125,9 @@ def screenshot(page, name: str) -> None:
 
 def log_in(page, url: str, username: str, password: str, path: str = "/") -> None:
     page.goto(url + path)
-    page.get_by_label("username").fill(username)
-    page.get_by_label("password").fill(password)
-    page.get_by_role("button", name="Login").click()
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Log in").click()
     page.locator(".gradio-container").first.wait_for()
 
 

@@ -3,6 +3,7 @@ one session's KV figures, importance plot and retrieval events, can persist its 
 
 import openai
 
+from tests.chatsvc.conftest import MODEL
 from tests.ui.conftest import ADMIN_PASSWORD, ALICE, log_in, screenshot
 
 QUESTION = "Admin check: what is two plus two?"
@@ -26,7 +27,7 @@ def test_a_non_admin_cannot_open_the_admin_page(server, page):
 
 def test_an_admin_sees_a_session_with_its_kv(server, page):
     api = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.user_keys["alice"], max_retries=0)
-    api.chat.completions.create(model="any", messages=[{"role": "user", "content": QUESTION}], max_tokens=8)
+    api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=8)
     server.wait_idle()  # the turn's KV is recorded after the reply
 
     log_in(page, server.url, "admin", ADMIN_PASSWORD, path="/admin")

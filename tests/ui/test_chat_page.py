@@ -6,6 +6,7 @@ import re
 import openai
 from playwright.sync_api import expect
 
+from tests.chatsvc.conftest import MODEL
 from tests.ui.conftest import (
     ALICE,
     chat_ready,
@@ -111,7 +112,7 @@ def test_switch_search_rename_and_delete_sessions(server, page):
     api = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.user_keys["alice"], max_retries=0)
     for question in ("Zebras: why stripes?", "Owls: why at night?"):
         api.chat.completions.create(
-            model="any", messages=[{"role": "user", "content": question}], max_tokens=4
+            model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=4
         )
     open_chat(server, page)
     sidebar = page.locator("#session-sidebar")
@@ -125,11 +126,12 @@ def test_switch_search_rename_and_delete_sessions(server, page):
     page.wait_for_function("() => !document.querySelector('#session-sidebar').innerText.includes('Owls')")
     assert sidebar.get_by_role("button", name="Zebras: why stripes?").is_visible()
     page.locator("#session-search textarea, #session-search input").first.fill("")
-    sidebar.get_by_role("button", name="Owls: why at night?").click()
+    # The Owls chat stays open: clicking it again would reopen it, and the reopened title could overwrite the
+    # new one typed below.
+    sidebar.get_by_role("button", name="Owls: why at night?").wait_for()
 
     page.locator("#chat-manage").get_by_text("This chat").click()
     title = page.locator("#chat-title textarea, #chat-title input").first
-    # The opened chat fills the title box; renaming before that would be overwritten by it.
     expect(title).to_have_value(re.compile("^Owls"))
     title.fill("Night birds")
     page.locator("#rename-chat").click()

@@ -12,7 +12,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.sessions import common_prefix
-from tests.chatsvc.conftest import ADMIN_KEY, free_port, wait_healthy
+from tests.chatsvc.conftest import ADMIN_KEY, MODEL, free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -72,7 +72,7 @@ def test_greedy_replies_equal_the_native_engine_or_report_the_first_difference(c
     differences = []
     for question, native in zip(QUESTIONS, native_replies, strict=True):
         reply = client.chat.completions.create(
-            model="any", messages=[{"role": "user", "content": question}], max_tokens=24, temperature=0
+            model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=24, temperature=0
         )
         text = reply.choices[0].message.content
         if text != native:
@@ -85,7 +85,7 @@ def test_greedy_replies_equal_the_native_engine_or_report_the_first_difference(c
     assert (
         "Paris"
         in client.chat.completions.create(
-            model="any", messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=24, temperature=0
+            model=MODEL, messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=24, temperature=0
         )
         .choices[0]
         .message.content
@@ -94,7 +94,7 @@ def test_greedy_replies_equal_the_native_engine_or_report_the_first_difference(c
 
 def test_streaming_usage_and_session_continuation(client):
     stream = client.chat.completions.create(
-        model="any",
+        model=MODEL,
         messages=[{"role": "user", "content": LONG_MESSAGE}],
         max_tokens=12,
         temperature=0,
@@ -106,7 +106,7 @@ def test_streaming_usage_and_session_continuation(client):
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
     session_id = chunks[0].model_extra["session_id"]
     follow_up = client.chat.completions.create(
-        model="any",
+        model=MODEL,
         messages=[{"role": "user", "content": "And goodbye?"}],
         max_tokens=12,
         temperature=0,

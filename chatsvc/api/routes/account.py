@@ -1,10 +1,18 @@
-"""The caller's own account: who am I, and my API keys."""
+"""The caller's own account: who am I, my password, and my API keys."""
 
 from fastapi import APIRouter
 
 from chatsvc import crud
-from chatsvc.api.deps import CurrentUser, DbDep
-from chatsvc.api.schemas import ApiKeyCreate, ApiKeyCreated, ApiKeyList, Detail, UserPublic
+from chatsvc.api.deps import CurrentUser, DbDep, ServiceDep
+from chatsvc.api.schemas import (
+    ApiKeyCreate,
+    ApiKeyCreated,
+    ApiKeyList,
+    Detail,
+    Id,
+    PasswordChange,
+    UserPublic,
+)
 
 router = APIRouter(prefix="/api", tags=["account"])
 
@@ -12,6 +20,13 @@ router = APIRouter(prefix="/api", tags=["account"])
 @router.get("/me", response_model=UserPublic)
 def read_me(user: CurrentUser):
     return user
+
+
+@router.put("/me/password", response_model=Detail)
+async def change_password(body: PasswordChange, user: CurrentUser, service: ServiceDep) -> Detail:
+    """Ends every UI login of the caller (API keys stay valid); a wrong current password is 403."""
+    await service.logins.change_password(user, body.current_password, body.new_password)
+    return Detail(detail="password changed; log in again")
 
 
 @router.get("/keys", response_model=ApiKeyList)
@@ -27,6 +42,6 @@ def create_key(body: ApiKeyCreate, user: CurrentUser, db: DbDep) -> ApiKeyCreate
 
 
 @router.delete("/keys/{key_id}", response_model=Detail)
-def delete_key(key_id: int, user: CurrentUser, db: DbDep) -> Detail:
+def delete_key(key_id: Id, user: CurrentUser, db: DbDep) -> Detail:
     crud.delete_api_key(db, user, key_id)
     return Detail(detail=f"API key {key_id} deleted")

@@ -8,6 +8,9 @@ from chatsvc import crud
 from chatsvc.api.deps import AdminUser, DbDep, ServiceDep, require_admin
 from chatsvc.api.schemas import (
     Detail,
+    Id,
+    Offset,
+    PageSize,
     SessionDetail,
     SessionKvDetailPublic,
     SessionKvList,
@@ -15,6 +18,8 @@ from chatsvc.api.schemas import (
     UserCreate,
     UserCreated,
     UserList,
+    UserPublic,
+    UserUpdate,
 )
 from chatsvc.views import EnginePanel
 
@@ -32,16 +37,21 @@ def create_user(body: UserCreate, db: DbDep) -> UserCreated:
     """A new user with a first API key (shown once)."""
     user = crud.create_user(db, body.username, body.role, body.password)
     _, key = crud.create_api_key(db, user, "first key")
-    return UserCreated(
-        id=user.id, username=user.username, role=user.role, created_at=user.created_at, api_key=key
-    )
+    return UserCreated(**UserPublic.model_validate(user).model_dump(), api_key=key)
 
 
 @router.delete("/users/{user_id}", response_model=Detail)
-async def delete_user(user_id: int, admin: AdminUser, service: ServiceDep) -> Detail:
+async def delete_user(user_id: Id, admin: AdminUser, service: ServiceDep) -> Detail:
     """Deletes the user with all their sessions, messages and knowledge bases, and their sessions' KV."""
     await service.delete_user(admin, user_id)
     return Detail(detail=f"user {user_id} deleted")
+
+
+@router.patch("/users/{user_id}", response_model=UserPublic)
+async def update_user(user_id: Id, body: UserUpdate, admin: AdminUser, service: ServiceDep):
+    """A new password, role, or disabled: true/false.  A new password or disabling ends the user's UI
+    logins at once; disabling also stops their replies and refuses their API keys until enabled again."""
+    return await service.update_user(admin, user_id, **body.model_dump(exclude_unset=True))
 
 
 @router.get("/sessions", response_model=SessionList)
@@ -49,8 +59,8 @@ def list_all_sessions(
     db: DbDep,
     q: str | None = Query(None, max_length=200),
     archived: bool | None = None,
-    limit: int = Query(100, ge=1, le=500),
-    offset: int = Query(0, ge=0),
+    limit: PageSize = 100,
+    offset: Offset = 0,
 ) -> SessionList:
     found, total = crud.list_sessions(db, None, archived, q, limit, offset)
     return SessionList(data=found, count=total)
@@ -68,8 +78,8 @@ async def list_sessions_kv(
     service: ServiceDep,
     owner: str | None = Query(None, max_length=64, description="part of the owner's name"),
     title: str | None = Query(None, max_length=200, description="part of the title"),
-    limit: int = Query(100, ge=1, le=500),
-    offset: int = Query(0, ge=0),
+    limit: PageSize = 100,
+    offset: Offset = 0,
 ) -> SessionKvList:
     """Every session with its owner, turns, tokens and KV (as of its last turn or KV action)."""
     rows, total = await service.admin_sessions(admin, owner, title, limit, offset)

@@ -22,6 +22,7 @@ from chatsvc.api.openai_schemas import (
     ModelList,
     ReplyMessage,
 )
+from chatsvc.errors import NotFound
 from chatsvc.models import User
 from chatsvc.service import ChatService
 from chatsvc.turns import Turn, TurnResult
@@ -34,6 +35,7 @@ SSE = {200: {"content": {"text/event-stream": {}}, "description": "with stream=t
 async def chat_completions(
     body: ChatCompletionRequest, user: CurrentUser, service: ServiceDep, request: Request
 ):
+    _check_model(body.model, service.engines.model_name)
     # The header lets a load balancer route a session to the replica holding its KV (docs/scale-out.md).
     body.session_id = body.session_id or request.headers.get("x-session-id")
     turn = await _start_turn(service, user, body)
@@ -58,6 +60,13 @@ def list_models(user: CurrentUser, service: ServiceDep) -> ModelList:
     engines = service.engines
     card = ModelCard(id=engines.model_name, created=int(time.time()), max_model_len=engines.max_model_len)
     return ModelList(data=[card])
+
+
+def _check_model(requested: str | None, served: str) -> None:
+    """As in vLLM: no name (or an empty one) means the served model; another name is an error, not
+    silently answered by a different model."""
+    if requested and requested != served:
+        raise NotFound(f"The model `{requested}` does not exist.")
 
 
 async def _start_turn(service: ChatService, user: User, body: ChatCompletionRequest) -> Turn:

@@ -9,6 +9,7 @@ from chatsvc.api.deps import CurrentUser, OwnedKnowledgeBase, ServiceDep
 from chatsvc.api.schemas import (
     Detail,
     DocumentList,
+    Id,
     KnowledgeBaseCreate,
     KnowledgeBaseList,
     KnowledgeBasePublic,
@@ -65,7 +66,7 @@ async def upload_documents(
 
 
 @router.delete("/{knowledge_base_id}/documents/{document_id}", response_model=Detail)
-async def delete_document(knowledge_base_id: str, document_id: int, user: CurrentUser, service: ServiceDep):
+async def delete_document(knowledge_base_id: str, document_id: Id, user: CurrentUser, service: ServiceDep):
     await service.delete_document(user, knowledge_base_id, document_id)
     return Detail(detail=f"document {document_id} deleted")
 

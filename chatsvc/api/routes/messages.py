@@ -4,7 +4,7 @@ from fastapi import APIRouter, Request
 
 from chatsvc.api.deps import CurrentUser, OwnedMessage, ServiceDep
 from chatsvc.api.routes.chat import until_done
-from chatsvc.api.schemas import EditRequest, GenerationOptions, MessagePublic, TurnPublic
+from chatsvc.api.schemas import EditRequest, GenerationOptions, Id, MessagePublic, TurnPublic
 from chatsvc.models import User
 from chatsvc.service import ChatService
 from chatsvc.turns import Turn
@@ -19,7 +19,7 @@ def read_message(message: OwnedMessage):
 
 @router.post("/{message_id}/regenerate", response_model=TurnPublic)
 async def regenerate(
-    message_id: int, body: GenerationOptions, user: CurrentUser, service: ServiceDep, request: Request
+    message_id: Id, body: GenerationOptions, user: CurrentUser, service: ServiceDep, request: Request
 ) -> TurnPublic:
     """Another reply to the same user message (a new branch); answers when it has finished."""
     turn = await service.regenerate(user, message_id, body.turn_options())
@@ -27,7 +27,7 @@ async def regenerate(
 
 
 @router.post("/{message_id}/edit", response_model=TurnPublic)
-async def edit(message_id: int, body: EditRequest, user: CurrentUser, service: ServiceDep, request: Request):
+async def edit(message_id: Id, body: EditRequest, user: CurrentUser, service: ServiceDep, request: Request):
     """A new user message beside this one (a new branch) and its reply; answers when it has finished."""
     turn = await service.edit(user, message_id, body.content, body.turn_options())
     return await _finished(turn, user, service, request)

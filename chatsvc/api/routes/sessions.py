@@ -8,6 +8,8 @@ from chatsvc.api.schemas import (
     Detail,
     MessageList,
     MessagePublic,
+    Offset,
+    PageSize,
     SessionCreate,
     SessionDetail,
     SessionList,
@@ -25,8 +27,8 @@ def list_sessions(
     db: DbDep,
     q: str | None = Query(None, max_length=200, description="search titles and message text"),
     archived: bool = False,
-    limit: int = Query(100, ge=1, le=500),
-    offset: int = Query(0, ge=0),
+    limit: PageSize = 100,
+    offset: Offset = 0,
 ) -> SessionList:
     found, total = crud.list_sessions(db, user.id, archived, q, limit, offset)
     return SessionList(data=found, count=total)

@@ -152,11 +152,3 @@ def send(page, text: str) -> None:
 def wait_reply(page) -> None:
     """Until the reply is stored and shown with its figures (Send comes back)."""
     page.locator("#send").wait_for(state="visible", timeout=REPLY_TIMEOUT_MS)
-
-
-def last_reply_text(page) -> str:
-    """Read in one script: counting bubbles, then reading the last, races the stream's re-render."""
-    return page.evaluate(
-        "() => { const b = document.querySelectorAll('#chat .bot'); "
-        "return b.length ? b[b.length - 1].innerText : ''; }"
-    )

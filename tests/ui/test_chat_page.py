@@ -10,7 +10,6 @@ from tests.chatsvc.conftest import MODEL
 from tests.ui.conftest import (
     ALICE,
     chat_ready,
-    last_reply_text,
     log_in,
     screenshot,
     send,
@@ -37,15 +36,28 @@ def open_chat(server, page) -> None:
     chat_ready(page)
 
 
+def record_reply_texts(page) -> None:
+    """Every text the last reply shows, as the page renders it: polling from here missed a fast stream."""
+    page.evaluate(
+        """() => {
+            window.__replies = [];
+            new MutationObserver(() => {
+                const bots = document.querySelectorAll('#chat .bot');
+                if (bots.length) window.__replies.push(bots[bots.length - 1].innerText.trim());
+            }).observe(
+                document.querySelector('#chat'), {childList: true, subtree: true, characterData: true}
+            );
+        }"""
+    )
+
+
 def test_log_in_and_see_a_streamed_answer(server, page):
     open_chat(server, page)
     set_temperature(page, 0)
+    record_reply_texts(page)
     send(page, "Tell me about Paris, the capital of France.")
-    seen = []
-    while page.locator("#stop").is_visible():
-        seen.append(last_reply_text(page).strip())
-        page.wait_for_timeout(40)
     wait_reply(page)
+    seen = page.evaluate("window.__replies")
     screenshot(page, "chat-answer")
 
     reply = page.locator("#chat .bot").last
@@ -126,14 +138,18 @@ def test_switch_search_rename_and_delete_sessions(server, page):
     page.wait_for_function("() => !document.querySelector('#session-sidebar').innerText.includes('Owls')")
     assert sidebar.get_by_role("button", name="Zebras: why stripes?").is_visible()
     page.locator("#session-search textarea, #session-search input").first.fill("")
-    # The Owls chat stays open: clicking it again would reopen it, and the reopened title could overwrite the
-    # new one typed below.
     sidebar.get_by_role("button", name="Owls: why at night?").wait_for()
 
     page.locator("#chat-manage").get_by_text("This chat").click()
     title = page.locator("#chat-title textarea, #chat-title input").first
     expect(title).to_have_value(re.compile("^Owls"))
-    title.fill("Night birds")
+    # The sidebar's re-render after the search can land after the list shows, and put the open chat's title
+    # back into the box: type until the new one stays.
+    for _ in range(10):
+        title.fill("Night birds")
+        page.wait_for_timeout(500)
+        if title.input_value() == "Night birds":
+            break
     page.locator("#rename-chat").click()
     sidebar.get_by_role("button", name="Night birds").wait_for()
     page.locator("#delete-chat").click()

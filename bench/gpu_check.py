@@ -14,14 +14,12 @@ vllm, and its wheels are larger than what one call can carry.  bench/gpu_check.s
 import argparse
 import asyncio
 import json
-import time
 from pathlib import Path
-from types import SimpleNamespace
 
 from bench import workloads
 from bench.bf16_agreement import agreement
 from bench.runners import OursRunner, TransformersRunner
-from bench.throughput import streaming
+from bench.throughput import batch_one_figures, offline_figures, streamed_figures
 from engine.default_model import FOLDER_NAME, convert
 from tests.models import TINY_CONFIGS, build_tiny_model
 
@@ -31,23 +29,6 @@ def prepare(gguf: Path, cache_dir: Path) -> None:
     convert(gguf, smollm2)
     for family in TINY_CONFIGS:
         build_tiny_model(family, smollm2, cache_dir / f"tiny-{family}")
-
-
-def offline_speed(runner, requests) -> float:
-    """Output tokens per second of one batch, after a warm-up; model loading is not timed."""
-    runner.offline(requests[:2])
-    synchronize()
-    start = time.perf_counter()
-    tokens = runner.offline(requests)
-    synchronize()
-    return tokens / (time.perf_counter() - start)
-
-
-def synchronize() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 class OursOffline:
@@ -82,10 +63,12 @@ def speed(name: str, model: str, dtype: str, batch: int) -> dict:
     # The whole batch at once, as transformers' generate takes it.
     offline_runner = offline_class(model, dtype, max_num_seqs=batch)
     requests = workloads.offline(tokenizer, count=batch)
-    result = {"offline_tokens_per_s": offline_speed(offline_runner, requests)}
+    warm_up = workloads.warm_up(tokenizer)
+    # Both read their outputs back to the CPU, so the clock stops when the GPU is done.
+    result = {"offline_tokens_per_s": offline_figures(offline_runner, warm_up, requests)["tokens_per_s"]}
     runner = runner_class(model, dtype)
-    args = SimpleNamespace(scenarios={"batch1"}, engine=name)
-    result.update(asyncio.run(streaming(runner, tokenizer, args))["batch1"])
+    one = workloads.batch_one(tokenizer)
+    result.update(asyncio.run(streamed_figures(runner, warm_up, one, batch_one_figures)))
     runner.close()
     return result
 

@@ -1,49 +1,67 @@
-"""The README table and plot for bench/throughput.py's results: figures side by side, and our engine's
-ratio to each peer."""
+"""The README table and plot for one results file of bench/throughput.py: each engine's median figure with
+its range over the rounds, and our engine's ratio to each peer (the median of the per-round ratios).
 
+    .venv/bin/python -m bench.report bench/results/<kind>/throughput_<dtype>.json
+"""
+
+import json
+import sys
 import textwrap
 from pathlib import Path
 
-ROWS = [  # (label, scenario, metric, higher is better)
-    ("offline output tok/s", "offline", "tokens_per_s", True),
-    ("online output tok/s", "online", "tokens_per_s", True),
-    ("online TTFT p50 (s)", "online", "ttft_p50_s", False),
-    ("online TTFT p99 (s)", "online", "ttft_p99_s", False),
-    ("online latency p50 (s)", "online", "latency_p50_s", False),
-    ("online latency p99 (s)", "online", "latency_p99_s", False),
-    ("batch-1 decode tok/s", "batch1", "decode_tokens_per_s", True),
-    ("mixed load, short p95 latency (s), FCFS", "mixed_fcfs", "short_latency_p95_s", False),
-    ("mixed load, short p95 latency (s), short-first", "mixed_short_first", "short_latency_p95_s", False),
+ROWS = [  # (label, scenario, metric)
+    ("offline output tok/s", "offline", "tokens_per_s"),
+    ("short chats (decode-heavy) output tok/s", "short_chats", "tokens_per_s"),
+    ("online output tok/s", "online", "tokens_per_s"),
+    ("online TTFT p50 (s)", "online", "ttft_p50_s"),
+    ("online TTFT p99 (s)", "online", "ttft_p99_s"),
+    ("online latency p50 (s)", "online", "latency_p50_s"),
+    ("online latency p99 (s)", "online", "latency_p99_s"),
+    ("batch-1 decode tok/s", "batch1", "decode_tokens_per_s"),
+    ("mixed load, short requests' p95 latency (s), FCFS", "mixed_fcfs", "short_latency_p95_s"),
+    ("the same with our short-first policy", "mixed_short_first", "short_latency_p95_s"),
 ]
+ENGINES = ("ours", "vllm", "transformers")
+NAMES = {"ours": "ours", "vllm": "vLLM CPU", "transformers": "transformers"}
 
 
-def value(results: dict, engine: str, scenario: str, metric: str) -> float | None:
-    return results["engines"].get(engine, {}).get(scenario, {}).get(metric)
-
-
-def ratio(ours: float | None, peer: float | None, higher_is_better: bool) -> str:
-    if ours is None or peer is None:
+def cell(spread: dict | None, unit: str = "") -> str:
+    if spread is None:
         return ""
-    return f"{(ours / peer if higher_is_better else peer / ours):.2f}x"
+    low, high = _number(spread["min"]), _number(spread["max"])
+    return f"{_number(spread['median'])}{unit} ({low}-{high})"
+
+
+def _number(value: float) -> str:
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def machine_line(results: dict) -> str:
+    machine = results["machine"]
+    versions = ", ".join(f"{name} {version}" for name, version in machine["versions"].items() if version)
+    return (
+        f"{machine['cpu']}, {machine['cores']} cores ({' '.join(machine['flags'])}), "
+        f"{machine['read_bandwidth_gb_s']} GB/s read; {results['dtype']}; {versions}; "
+        f"median of {results['rounds']} rounds (min-max)"
+    )
 
 
 def write_report(results: dict, plot: Path) -> str:
-    peers = [engine for engine in ("transformers", "vllm") if engine in results["engines"]]
-    header = ["", *results["engines"], *(f"ours vs {peer}" for peer in peers)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for label, scenario, metric, higher in ROWS:
-        figures = [value(results, engine, scenario, metric) for engine in results["engines"]]
+    engines = [engine for engine in ENGINES if engine in results["engines"]]
+    peers = [peer for peer in engines if peer != "ours"]
+    header = ["", *(NAMES[engine] for engine in engines), *(f"ours vs {NAMES[peer]}" for peer in peers)]
+    lines = [machine_line(results), "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, scenario, metric in ROWS:
+        figures = [results["engines"][engine].get(scenario, {}).get(metric) for engine in engines]
         if all(figure is None for figure in figures):
             continue
-        ours = value(results, "ours", scenario, metric)
-        ratios = [ratio(ours, value(results, peer, scenario, metric), higher) for peer in peers]
-        cells = ["" if figure is None else f"{figure:.2f}" for figure in figures]
-        lines.append("| " + " | ".join([label, *cells, *ratios]) + " |")
-    bandwidth = results["bandwidth"]
+        ratios = [results["ratios"].get(peer, {}).get(scenario, {}).get(metric) for peer in peers]
+        row = [label, *(cell(figure) for figure in figures), *(cell(ratio, "x") for ratio in ratios)]
+        lines.append("| " + " | ".join(row) + " |")
+    limit = results["bandwidth_limit"]
     lines.append(
-        f"\nBatch-1 memory-bandwidth limit: {bandwidth['weight_bytes'] / 1e6:.0f} MB of weights per token "
-        f"over {bandwidth['read_bandwidth_gb_s']:.1f} GB/s measured read bandwidth = "
-        f"{bandwidth['limit_tokens_per_s']:.0f} tok/s ({results['dtype']}, {results['cpu_count']} cores)."
+        f"\nBatch-1 memory-bandwidth limit: {limit['weight_bytes'] / 1e6:.0f} MB of weights per token over "
+        f"{results['machine']['read_bandwidth_gb_s']} GB/s = {limit['tokens_per_s']:.0f} tok/s."
     )
     plot_ratios(results, peers, plot)
     return "\n".join(lines)
@@ -55,24 +73,39 @@ def plot_ratios(results: dict, peers: list[str], plot: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels, bars = [], {peer: [] for peer in peers}
-    for label, scenario, metric, higher in ROWS:
-        ours = value(results, "ours", scenario, metric)
-        if ours is None or not any(value(results, peer, scenario, metric) for peer in peers):
-            continue
-        labels.append(textwrap.fill(label.replace(" (s)", ""), 16))
-        for peer in peers:
-            peer_value = value(results, peer, scenario, metric)
-            bars[peer].append((ours / peer_value if higher else peer_value / ours) if peer_value else 0)
+    rows = [row for row in ROWS if any(_ratio(results, peer, row) for peer in peers)]
     figure, axis = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / max(1, len(peers))
     for index, peer in enumerate(peers):
-        axis.bar([i + index * width for i in range(len(labels))], bars[peer], width, label=f"vs {peer}")
+        spreads = [_ratio(results, peer, row) for row in rows]
+        medians = [spread["median"] if spread else 0 for spread in spreads]
+        errors = [
+            [spread["median"] - spread["min"] if spread else 0 for spread in spreads],
+            [spread["max"] - spread["median"] if spread else 0 for spread in spreads],
+        ]
+        positions = [i + index * width for i in range(len(rows))]
+        axis.bar(positions, medians, width, yerr=errors, capsize=2, label=f"vs {NAMES[peer]}")
     axis.axhline(1.0, color="grey", linewidth=1)
-    axis.set_xticks([i + width * (len(peers) - 1) / 2 for i in range(len(labels))], labels, fontsize=7)
+    labels = [textwrap.fill(label.replace(" (s)", ""), 16) for label, _, _ in rows]
+    axis.set_xticks([i + width * (len(peers) - 1) / 2 for i in range(len(rows))], labels, fontsize=7)
     axis.set_ylabel("our engine's advantage (x, higher is better)")
-    axis.set_title(f"SmolLM2-135M, {results['dtype']}, {results['cpu_count']} CPU cores")
+    machine = results["machine"]
+    axis.set_title(
+        f"SmolLM2-135M, {results['dtype']}, {machine['cpu']}, {machine['cores']} cores", fontsize=9
+    )
     axis.legend()
     figure.tight_layout()
     plot.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(plot, dpi=120)
+
+
+def _ratio(results: dict, peer: str, row: tuple) -> dict | None:
+    _, scenario, metric = row
+    return results["ratios"].get(peer, {}).get(scenario, {}).get(metric)
+
+
+if __name__ == "__main__":
+    path = Path(sys.argv[1])
+    results = json.loads(path.read_text())
+    kind = results["machine"]["kind"]
+    print(write_report(results, Path("docs") / f"throughput_{kind}_{results['dtype']}.png"))

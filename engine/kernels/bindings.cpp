@@ -25,9 +25,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none());
   py::class_<kvchat::DecodeLayers>(m, "DecodeLayers")
       .def(py::init<std::vector<kvchat::LayerWeights>, int64_t, int64_t, int64_t, double, torch::Tensor,
-                    torch::Tensor>(),
+                    torch::Tensor, int64_t>(),
            py::arg("layers"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("eps"),
-           py::arg("cos"), py::arg("sin"))
+           py::arg("cos"), py::arg("sin"), py::arg("max_kernel_rows"))
       .def("forward", &kvchat::DecodeLayers::forward, "every decoder layer of a decode step",
            py::arg("x"), py::arg("residual"), py::arg("positions"), py::arg("kv_cache"), py::arg("block_tables"),
            py::arg("context_lens"), py::arg("slot_blocks"), py::arg("slot_offsets"), py::arg("sum_attention"),

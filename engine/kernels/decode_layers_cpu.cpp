@@ -13,14 +13,15 @@
 namespace kvchat {
 
 DecodeLayers::DecodeLayers(std::vector<LayerWeights> layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                           double eps, torch::Tensor cos, torch::Tensor sin)
+                           double eps, torch::Tensor cos, torch::Tensor sin, int64_t max_kernel_rows)
     : layers_(std::move(layers)),
       heads_(heads),
       kv_heads_(kv_heads),
       head_dim_(head_dim),
       eps_(eps),
       cos_(std::move(cos)),
-      sin_(std::move(sin)) {
+      sin_(std::move(sin)),
+      max_kernel_rows_(max_kernel_rows) {
   TORCH_CHECK(!layers_.empty() && heads % kv_heads == 0, "layers and a head count divisible by kv_heads");
 }
 
@@ -34,13 +35,17 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
   const int64_t blocks = kv_cache.size(2), block_size = kv_cache.size(4) / head_dim;
   const int64_t max_context = block_tables.size(1) * block_size;
   const double scale = std::pow(static_cast<double>(head_dim), -0.5);  // as Python's head_dim ** -0.5
+  const auto linear = [&](const torch::Tensor& input, const torch::Tensor& weight,
+                          const std::optional<torch::Tensor>& bias) {
+    return rows <= max_kernel_rows_ ? few_rows_linear(input, weight, bias) : at::linear(input, weight, bias);
+  };
   torch::Tensor received;
   if (sum_attention) received = torch::zeros({rows, max_context}, x.options().dtype(torch::kFloat));
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerWeights& w = layers_[i];
     const torch::Tensor layer_cache = kv_cache[i];
     add_rms_norm(x, residual, w.input_norm, eps_);
-    const auto qkv = few_rows_linear(x, w.qkv, w.qkv_bias).split(
+    const auto qkv = linear(x, w.qkv, w.qkv_bias).split(
         {heads_ * head_dim, kv_heads_ * head_dim, kv_heads_ * head_dim}, -1);
     torch::Tensor q = qkv[0].view({rows, heads_, head_dim}), k = qkv[1].view({rows, kv_heads_, head_dim});
     const torch::Tensor v = qkv[2].view({rows, kv_heads_, head_dim});
@@ -55,10 +60,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
     const torch::Tensor probs =
         paged_qk(q, keys, block_tables, context_lens, max_context, scale).softmax(-1);
     if (sum_attention) received.add_(probs.sum(1));
-    x = few_rows_linear(paged_pv(probs, values, block_tables, context_lens).flatten(1), w.o, w.o_bias);
+    x = linear(paged_pv(probs, values, block_tables, context_lens).flatten(1), w.o, w.o_bias);
     add_rms_norm(x, residual, w.post_norm, eps_);
-    const auto gate_up = few_rows_linear(x, w.gate_up, std::nullopt).chunk(2, -1);
-    x = few_rows_linear(at::silu(gate_up[0]) * gate_up[1], w.down, std::nullopt);
+    const auto gate_up = linear(x, w.gate_up, std::nullopt).chunk(2, -1);
+    x = linear(at::silu(gate_up[0]) * gate_up[1], w.down, std::nullopt);
   }
   return {x, residual, received};
 }

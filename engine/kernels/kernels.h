@@ -40,8 +40,9 @@ struct LayerWeights {
 // A decode step's pass through every decoder layer (decode_layers_cpu.cpp).
 class DecodeLayers {
  public:
+  // Linear layers of steps with up to `max_kernel_rows` rows use few_rows_linear, larger ones torch's product.
   DecodeLayers(std::vector<LayerWeights> layers, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
-               torch::Tensor cos, torch::Tensor sin);
+               torch::Tensor cos, torch::Tensor sin, int64_t max_kernel_rows);
 
   // (x, residual) after the last layer, and, if `sum_attention`, the attention each context position
   // received, summed over layers and heads: (rows, max_context) float32.
@@ -55,6 +56,7 @@ class DecodeLayers {
   int64_t heads_, kv_heads_, head_dim_;
   double eps_;
   torch::Tensor cos_, sin_;
+  int64_t max_kernel_rows_;
 };
 
 }  // namespace kvchat

@@ -4,9 +4,16 @@ from torch import nn
 
 from engine.config import cpu_has_bf16_units
 
-# Up to this many rows our kernel beat torch's matrix product over all of SmolLM2's layers on our 2-core
-# AVX2 machine (64 rows: 174 ms against 256 ms); at 128 rows they tie.
-MAX_KERNEL_ROWS = 64
+
+def max_kernel_rows(dtype: torch.dtype) -> int:
+    """Up to how many rows our few-row kernel beats torch's matrix product.  Without bf16 units (a 2-core
+    AVX2 machine) it won up to 64 rows over all of SmolLM2's layers (64 rows: 174 ms against 256 ms).  Where
+    the CPU has them, torch's products run on oneDNN's bf16 dot products and win from a few rows: for the
+    30 layers' products on a 2-core AVX-512 BF16 machine, 8 rows took 6.6 ms against our 9.9 in bf16 and
+    32 rows 12 ms against 39; in float32 torch wins from 16 rows (25 ms against 31)."""
+    if not cpu_has_bf16_units():
+        return 64
+    return 4 if dtype == torch.bfloat16 else 8
 
 
 class Linear(nn.Linear):
@@ -14,13 +21,15 @@ class Linear(nn.Linear):
 
     A decode step's linear layers are bound by reading their weights; torch's general matrix product
     reads them at about half the CPU's memory bandwidth for one row and slower for two to eight
-    (kernels/few_rows_linear_cpu.cpp).  Prefill chunks, with more rows, go to torch.
+    (kernels/few_rows_linear_cpu.cpp).  Prefill chunks and large decode batches, with more rows, go to
+    torch (max_kernel_rows).
     """
 
     kernels = None
+    max_kernel_rows = 0  # set with the kernels, for the model's dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernels is not None and x.shape[0] <= MAX_KERNEL_ROWS:
+        if self.kernels is not None and x.shape[0] <= self.max_kernel_rows:
             return self.kernels.few_rows_linear(x, self.weight, self.bias)
         if x.dtype == torch.bfloat16 and x.device.type == "cpu" and not cpu_has_bf16_units():
             return widened_linear(x, self.weight, self.bias)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.attention import AttentionMetadata, paged_attention
-from engine.layers.linear import MAX_KERNEL_ROWS, Linear
+from engine.layers.linear import Linear, max_kernel_rows
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 
@@ -121,7 +121,7 @@ class CausalLM(nn.Module):
         """Hidden states (tokens, hidden) after the final norm."""
         x = self.embed_tokens(input_ids)
         residual = torch.zeros_like(x)
-        if self.decode_layers is not None and not meta.prefills and len(input_ids) <= MAX_KERNEL_ROWS:
+        if self.decode_layers is not None and not meta.prefills:
             x, residual = self.decode_in_one_call(positions, x, residual, kv_caches, meta)
         else:
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
@@ -147,9 +147,12 @@ class CausalLM(nn.Module):
     def use_kernels(self, kernels, attention: bool) -> None:
         """Our C++ CPU kernels for linear layers, norms and rotary and, if `attention`, for attention and
         for decode steps' whole pass through the layers."""
+        rows = max_kernel_rows(self.embed_tokens.weight.dtype)
         for module in self.modules():
             if isinstance(module, Linear | RMSNorm | RotaryEmbedding):
                 module.kernels = kernels
+            if isinstance(module, Linear):
+                module.max_kernel_rows = rows
             elif isinstance(module, Attention):
                 module.kernels = kernels if attention else None
         self.decode_layers = self.kernel_decode_layers(kernels) if kernels is not None and attention else None
@@ -180,6 +183,7 @@ class CausalLM(nn.Module):
             shape.rms_norm_eps,
             self.rotary.cos,
             self.rotary.sin,
+            max_kernel_rows(self.embed_tokens.weight.dtype),
         )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

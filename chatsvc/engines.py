@@ -8,7 +8,6 @@ from chatsvc.settings import Settings
 from engine.async_engine import AsyncEngine
 from engine.model_files import check_model_dir
 from engine.protocol import EngineClient, EngineStats
-from memory.sessions import kv_files
 from memory.sessions.session_memory import SessionMemory
 
 log = logging.getLogger(__name__)
@@ -79,8 +78,7 @@ class EngineLoader:
     async def forget_session_kv(self, session_id: str) -> None:
         """A deleted session's KV goes, in the pool and on disk (only the file while the engine loads)."""
         if self.state != "ready":  # loading, failed or dead: only its file is there to delete
-            sessions_dir = self._settings.memory_config().sessions_dir
-            kv_files.session_file(sessions_dir, session_id).unlink(missing_ok=True)
+            self._settings.memory_config().session_file(session_id).unlink(missing_ok=True)
         elif (memory := session_memory(self._engine)) is not None:
             await memory.close_session(session_id)
 

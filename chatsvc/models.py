@@ -19,6 +19,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from memory.retrieval.tables import NAMING_CONVENTION
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -65,16 +67,7 @@ def _enum(cls: type[StrEnum]) -> Enum:
 
 
 class Base(DeclarativeBase):
-    # Named constraints, so later migrations can drop or alter them on every database.
-    metadata = MetaData(
-        naming_convention={
-            "ix": "ix_%(column_0_label)s",
-            "uq": "uq_%(table_name)s_%(column_0_name)s",
-            "ck": "ck_%(table_name)s_%(constraint_name)s",
-            "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-            "pk": "pk_%(table_name)s",
-        }
-    )
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
     type_annotation_map: ClassVar[dict] = {
         datetime: UTCDateTime(),
         Role: _enum(Role),
@@ -120,7 +113,7 @@ class ApiKey(Base):
 
 
 class KnowledgeBase(Base):
-    """A named set of documents; the documents live in the retriever's tables under collection kb:<id>."""
+    """A named set of documents; the documents live in the retriever's tables (chatsvc/sources.py)."""
 
     __tablename__ = "knowledge_bases"
 
@@ -128,10 +121,6 @@ class KnowledgeBase(Base):
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
-
-    @property
-    def collection(self) -> str:
-        return f"kb:{self.id}"
 
 
 class ChatSession(Base):

@@ -46,13 +46,11 @@ class Turn:
         model_name: str,
         started: float,
         question: str | None,
-        position: int,
     ):
         self.session_id = session_id
         self.user_message_id = user_message_id
         self.reply_id = reply_id
         self.question = question  # the new user message's text; None when regenerating
-        self.position = position  # of the user message in its branch, from 0 (the reply follows it)
         self.model_name = model_name
         self.started = started  # perf_counter when the turn arrived
         self.created = int(time.time())

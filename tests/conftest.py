@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from engine.default_model import DEFAULT_CACHE_DIR, default_model_dir
-from tests.models import TINY_CONFIGS, build_tiny_model
+from engine.testing.tiny_models import TINY_CONFIGS, build_tiny_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

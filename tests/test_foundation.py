@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine.model_files import ModelLoadError, check_model_dir
-from tests.models import TINY_CONFIGS
+from engine.testing.tiny_models import TINY_CONFIGS
 
 
 @pytest.mark.parametrize("family", sorted(TINY_CONFIGS))

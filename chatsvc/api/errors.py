@@ -46,6 +46,10 @@ def error_body(error: Exception) -> dict:
     return {"error": {"message": str(error), "type": ERROR_TYPES.get(status, "server_error"), "code": status}}
 
 
+# The service's refusals, by the status each one is (the first class an error is an instance of wins).
+STATUSES = [(NotFound, 404), (Conflict, 409), (Forbidden, 403), (ValueError, 400), (NotAvailable, 501)]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
         return error_response(error.status_code, str(error.detail), error.headers)
@@ -55,48 +59,24 @@ def install_error_handlers(app: FastAPI) -> None:
         status = 400 if any(problem.get("type") == "json_invalid" for problem in problems) else 422
         return error_response(status, "; ".join(_describe(problem) for problem in problems))
 
-    async def not_found(request: Request, error: NotFound) -> JSONResponse:
-        return error_response(404, str(error))
+    async def refused(request: Request, error: Exception) -> JSONResponse:
+        return error_response(next(code for kind, code in STATUSES if isinstance(error, kind)), str(error))
 
-    async def conflict(request: Request, error: Conflict) -> JSONResponse:
-        return error_response(409, str(error))
-
-    async def forbidden(request: Request, error: Forbidden) -> JSONResponse:
-        return error_response(403, str(error))
-
-    async def bad_value(request: Request, error: ValueError) -> JSONResponse:
-        return error_response(400, str(error))
-
-    async def queue_full(request: Request, error: QueueFull) -> JSONResponse:
-        return error_response(429, str(error), {"Retry-After": str(error.retry_after_s)})
-
-    async def unavailable(request: Request, error: EngineUnavailable) -> JSONResponse:
+    async def retry_later(request: Request, error: QueueFull | EngineUnavailable) -> JSONResponse:
+        status = 429 if isinstance(error, QueueFull) else 503
         headers = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s else None
-        return error_response(503, str(error), headers)
+        return error_response(status, str(error), headers)
 
-    async def not_available(request: Request, error: NotAvailable) -> JSONResponse:
-        return error_response(501, str(error))
+    async def server_error(request: Request, error: Exception) -> JSONResponse:
+        # Starlette re-raises an unexpected error after this response, so the server log gets the traceback.
+        detail = f"{error}; " if isinstance(error, EngineFailed) else "internal server error; "
+        return error_response(500, detail + "the server log has the details")
 
-    async def engine_failed(request: Request, error: EngineFailed) -> JSONResponse:
-        return error_response(500, f"{error}; the server log has the details")
-
-    async def unexpected(request: Request, error: Exception) -> JSONResponse:
-        # Starlette re-raises the error after this response, so the server log gets the traceback.
-        return error_response(500, "internal server error; the server log has the details")
-
-    for kind, handler in [
-        (HTTPException, http_error),
-        (RequestValidationError, invalid_request),
-        (NotFound, not_found),
-        (Conflict, conflict),
-        (Forbidden, forbidden),
-        (ValueError, bad_value),
-        (QueueFull, queue_full),
-        (EngineUnavailable, unavailable),
-        (NotAvailable, not_available),
-        (EngineFailed, engine_failed),
-        (Exception, unexpected),
-    ]:
+    handlers = [(HTTPException, http_error), (RequestValidationError, invalid_request)]
+    handlers += [(kind, refused) for kind, _ in STATUSES]
+    handlers += [(QueueFull, retry_later), (EngineUnavailable, retry_later)]
+    handlers += [(EngineFailed, server_error), (Exception, server_error)]
+    for kind, handler in handlers:
         app.add_exception_handler(kind, handler)
 
 

@@ -18,9 +18,10 @@ from chatsvc.db import create_db_engine, hold_startup_lock, migrate, session_fac
 from chatsvc.engines import EngineLoader
 from chatsvc.metrics import ServiceMetrics
 from chatsvc.models import User
-from chatsvc.retrieval import RetrieverContext
-from chatsvc.service import ChatService
+from chatsvc.service import ChatService, ServiceOptions
 from chatsvc.settings import Settings
+from chatsvc.sources import TurnSources
+from chatsvc.turn_flow import TurnLimits
 from memory.retrieval import Retriever
 
 log = logging.getLogger(__name__)
@@ -33,35 +34,26 @@ def create_api(settings: Settings) -> FastAPI:
     engines = EngineLoader(settings)
     database = create_db_engine(settings.database_url())
     migrate(database)
-    sessions = session_factory(database)
-    with sessions.begin() as db:
-        hold_startup_lock(db.connection())
-        first_admin = _first_admin(db, settings)
-        if interrupted := crud.mark_interrupted(db, settings.replica_id):
+    db = session_factory(database)
+    with db.begin() as transaction:
+        hold_startup_lock(transaction.connection())
+        first_admin = _first_admin(transaction, settings)
+        if interrupted := crud.mark_interrupted(transaction, settings.replica_id):
             log.warning(
                 "marked %d replies interrupted: the server stopped while generating them", interrupted
             )
-    retrieval = _retrieval(database, settings)
+    sources = _sources(database, settings)
     service = ChatService(
-        sessions,
-        engines,
-        retrieval,
-        ServiceMetrics(engines.stats, engines.memory_stats),
-        max_active_generations=settings.max_active_generations,
-        default_max_tokens=settings.default_max_tokens,
-        replica_id=settings.replica_id,
-        data_dir=settings.data_path(),
-        max_file_bytes=settings.max_file_bytes,
-        login_policy=settings.login_policy(),
+        db, engines, sources, ServiceMetrics(engines.stats, engines.memory_stats), _options(settings)
     )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engines.start()  # in a thread: /health answers 503 until the model is loaded
-        retrieval.warm_up()  # the embedding model, in a thread too
+        sources.warm_up()  # the embedding model, in a thread too
         yield
         engines.shutdown()  # writes the sessions' KV to disk
-        retrieval.retriever.close()  # and the retrieval indexes' snapshots
+        sources.retriever.close()  # and the retrieval indexes' snapshots
         database.dispose()
 
     app = FastAPI(title="kvchat", lifespan=lifespan)
@@ -78,7 +70,12 @@ def create_api(settings: Settings) -> FastAPI:
     return app
 
 
-def _retrieval(database: Engine, settings: Settings) -> RetrieverContext:
+def _options(settings: Settings) -> ServiceOptions:
+    limits = TurnLimits(settings.max_active_generations, settings.default_max_tokens, settings.replica_id)
+    return ServiceOptions(settings.data_path(), settings.max_file_bytes, limits, settings.login_policy())
+
+
+def _sources(database: Engine, settings: Settings) -> TurnSources:
     """One retriever for the app; its budgets count tokens with the chat model's tokenizer."""
     tokenizer = AutoTokenizer.from_pretrained(settings.model_path())
 
@@ -86,7 +83,7 @@ def _retrieval(database: Engine, settings: Settings) -> RetrieverContext:
         return len(tokenizer.encode(text, add_special_tokens=False))
 
     retriever = Retriever(database, settings.data_path(), count_tokens)
-    return RetrieverContext(retriever, settings.context_budget_tokens)
+    return TurnSources(retriever, settings.context_budget_tokens)
 
 
 def _first_admin(db: Session, settings: Settings) -> User:

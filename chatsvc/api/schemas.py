@@ -5,12 +5,12 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from chatsvc.chat_sessions import age_group
 from chatsvc.logins import PASSWORD_MAX, PASSWORD_MIN
 from chatsvc.models import MessageStatus, Role, utcnow
-from chatsvc.sessions import age_group
 from chatsvc.turns import TurnOptions
 from chatsvc.views import KvState, SessionKvRow
-from memory.retrieval import Document, Hit, Passage, Rejected
+from memory.retrieval import Document, Rejected
 
 Title = Annotated[str, Field(min_length=1, max_length=200)]
 SystemPrompt = Annotated[str, Field(max_length=50_000)]
@@ -130,19 +130,6 @@ class UploadResponse(BaseModel):
 class QueryRequest(Strict):
     query: str = Field(min_length=1, max_length=2000)
     k: int = Field(5, ge=1, le=50)
-
-
-class QueryPreviewPublic(FromRow):
-    """What a turn asking this would get: the intent, the window (passages within the budget), and the
-    k best paragraphs with their scores."""
-
-    intent: str
-    intent_reason: str
-    budget_tokens: int
-    num_tokens: int
-    latency_ms: float
-    passages: list[Passage]
-    hits: list[Hit]
 
 
 # --- sessions and messages ---

@@ -156,32 +156,33 @@ class AdminPage(Page):
                 label="Every session (select one for its detail)",
             )
             with gr.Column(visible=False, elem_id="admin-detail") as self.detail:
-                self.detail_title = gr.HTML(elem_id="admin-detail-title")
-                self.kv = gr.HTML(elem_id="admin-kv")
-                with gr.Row():
-                    self.persist_button = gr.Button("Persist KV to disk", size="sm", elem_id="kv-persist")
-                    self.evict_button = gr.Button("Evict KV from the pool", size="sm", elem_id="kv-evict")
-                    self.drop_button = gr.Button("Drop KV", size="sm", variant="stop", elem_id="kv-drop")
-                self.importance = gr.ScatterPlot(
-                    x="position",
-                    y="importance",
-                    color="slot",
-                    title="Token importance over positions",
-                    x_title="position in the conversation",
-                    y_title="attention received",
-                    color_map={"kept": "#0d9488", "evicted": "#cbd5e1"},
-                    height=260,
-                    elem_id="admin-importance",
-                )
-                self.evictions = gr.Dataframe(
-                    headers=EVICTION_COLUMNS, interactive=False, label="Eviction timeline"
-                )
-                gr.Markdown("#### Retrieval events")
-                self.retrievals = gr.HTML(elem_id="admin-retrievals")
-                with gr.Accordion("Conversation", open=False):
-                    self.conversation = gr.HTML(elem_id="admin-conversation")
+                self.session_detail()
             gr.Markdown("## Engine")
             self.engine = EnginePanelView(self.service, self.identity)
+
+    def session_detail(self) -> None:
+        self.detail_title = gr.HTML(elem_id="admin-detail-title")
+        self.kv = gr.HTML(elem_id="admin-kv")
+        with gr.Row():
+            self.persist_button = gr.Button("Persist KV to disk", size="sm", elem_id="kv-persist")
+            self.evict_button = gr.Button("Evict KV from the pool", size="sm", elem_id="kv-evict")
+            self.drop_button = gr.Button("Drop KV", size="sm", variant="stop", elem_id="kv-drop")
+        self.importance = gr.ScatterPlot(
+            x="position",
+            y="importance",
+            color="slot",
+            title="Token importance over positions",
+            x_title="position in the conversation",
+            y_title="attention received",
+            color_map={"kept": "#0d9488", "evicted": "#cbd5e1"},
+            height=260,
+            elem_id="admin-importance",
+        )
+        self.evictions = gr.Dataframe(headers=EVICTION_COLUMNS, interactive=False, label="Eviction timeline")
+        gr.Markdown("#### Retrieval events")
+        self.retrievals = gr.HTML(elem_id="admin-retrievals")
+        with gr.Accordion("Conversation", open=False):
+            self.conversation = gr.HTML(elem_id="admin-conversation")
 
     def wire(self) -> None:
         listing = [self.sessions, self.session_ids]
@@ -232,7 +233,7 @@ class AdminPage(Page):
         )
 
     async def rows(self, user, owner: str = "", title: str = "") -> tuple[list[list], list[str]]:
-        found, _ = await self.service.admin_sessions(
+        found, _ = await self.service.admin.kv_sessions(
             user, owner=owner.strip() or None, title=title.strip() or None
         )
         return session_rows(found), [row.session_id for row in found]
@@ -249,7 +250,7 @@ class AdminPage(Page):
         row = selected.index[0] if isinstance(selected.index, list | tuple) else selected.index
         if not 0 <= row < len(session_ids):
             raise gr.Error("That session is no longer listed; refresh the list.")
-        return self.shown(await self.service.admin_session_kv(user, session_ids[row]))
+        return self.shown(await self.service.admin.session_kv(user, session_ids[row]))
 
     def shown(self, detail: SessionKvDetail) -> tuple:
         session = detail.session
@@ -272,7 +273,7 @@ class AdminPage(Page):
             user = await self.identity.admin(request)
             if session_id is None:
                 raise gr.Error("Select a session first.")
-            detail = await self.service.admin_kv_action(user, session_id, action)
+            detail = await self.service.admin.kv_action(user, session_id, action)
             gr.Info(html.text(f"KV of '{detail.session.title}': {action} done."))  # a toast shows HTML
             return *self.shown(detail), *await self.rows(user, owner or "", title or "")
 

@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator, Awaitable
 
 import gradio as gr
 
+from chatsvc.chat_sessions import age_group
 from chatsvc.models import User, utcnow
 from chatsvc.service import ChatService
-from chatsvc.sessions import age_group
 from chatsvc.turns import Turn, TurnOptions
 from chatsvc.ui.chat_view import ChatView, conversation, streaming, written_text
 from chatsvc.ui.identity import SHOWN_ERRORS, Identity, shows_errors
@@ -61,23 +61,25 @@ class ChatPage(Page):
         self.sessions = gr.State([])
         self.loading_timer = gr.Timer(2, active=False)
         with gr.Sidebar(elem_id="session-sidebar", width=300):
-            self.user_line = gr.Markdown(elem_classes="user-line")
-            self.new_button = gr.Button("New chat", variant="primary", elem_id="new-chat")
-            self.search = gr.Textbox(placeholder="Search chats", show_label=False, elem_id="session-search")
-            self.session_list()
-            with gr.Accordion("This chat", open=False, elem_id="chat-manage"):
-                self.title = gr.Textbox(label="Title", elem_id="chat-title")
-                self.rename_button = gr.Button("Rename", size="sm", elem_id="rename-chat")
-                self.delete_button = gr.Button(
-                    "Delete chat", size="sm", variant="stop", elem_id="delete-chat"
-                )
-                with gr.Row(visible=False) as self.confirm_row:
-                    self.confirm_delete = gr.Button(
-                        "Delete for good", size="sm", variant="stop", elem_id="confirm-delete"
-                    )
-                    self.cancel_delete = gr.Button("Keep it", size="sm")
-            gr.Button("Log out", link="/logout", size="sm", elem_id="logout")
+            self.sidebar()
         self.notice = gr.HTML(elem_id="engine-notice")
+        self.conversation()
+        with gr.Accordion("Session options", open=False, elem_id="session-options"):
+            self.options()
+
+    def sidebar(self) -> None:
+        self.user_line = gr.Markdown(elem_classes="user-line")
+        self.new_button = gr.Button("New chat", variant="primary", elem_id="new-chat")
+        self.search = gr.Textbox(placeholder="Search chats", show_label=False, elem_id="session-search")
+        self.session_list()
+        with gr.Accordion("This chat", open=False, elem_id="chat-manage"):
+            self.title = gr.Textbox(label="Title", elem_id="chat-title")
+            self.rename_button = gr.Button("Rename", size="sm", elem_id="rename-chat")
+            self.delete_button = gr.Button("Delete chat", size="sm", variant="stop", elem_id="delete-chat")
+            self.confirm_row, self.confirm_delete = self.confirmation("confirm-delete")
+        gr.Button("Log out", link="/logout", size="sm", elem_id="logout")
+
+    def conversation(self) -> None:
         self.chatbot = gr.Chatbot(
             elem_id="chat",
             show_label=False,
@@ -100,20 +102,21 @@ class ChatPage(Page):
             )
             self.send_button = gr.Button("Send", variant="primary", scale=1, elem_id="send")
             self.stop_button = gr.Button("Stop", variant="stop", scale=1, visible=False, elem_id="stop")
-        with gr.Accordion("Session options", open=False, elem_id="session-options"):
-            self.system_prompt = gr.Textbox(
-                label="System prompt",
-                lines=2,
-                elem_id="system-prompt",
-                info="Fixed once the chat has messages: a change would invalidate the session's cached KV.",
+
+    def options(self) -> None:
+        self.system_prompt = gr.Textbox(
+            label="System prompt",
+            lines=2,
+            elem_id="system-prompt",
+            info="Fixed once the chat has messages: a change would invalidate the session's cached KV.",
+        )
+        with gr.Row():
+            self.knowledge_base = gr.Dropdown(
+                [NO_KNOWLEDGE_BASE], value="", label="Knowledge base", elem_id="knowledge-base"
             )
-            with gr.Row():
-                self.knowledge_base = gr.Dropdown(
-                    [NO_KNOWLEDGE_BASE], value="", label="Knowledge base", elem_id="knowledge-base"
-                )
-                self.temperature = gr.Slider(
-                    0, 2, value=DEFAULT_TEMPERATURE, step=0.05, label="Temperature", elem_id="temperature"
-                )
+            self.temperature = gr.Slider(
+                0, 2, value=DEFAULT_TEMPERATURE, step=0.05, label="Temperature", elem_id="temperature"
+            )
 
     def session_list(self) -> None:
         @gr.render(inputs=[self.sessions, self.session_id])
@@ -146,7 +149,47 @@ class ChatPage(Page):
         self.loading_timer.tick(
             self.engine_state, outputs=[self.notice, self.loading_timer], show_progress="hidden"
         )
-        turn_outputs = [
+        self.wire_turns()
+        self.wire_sessions()
+        self.knowledge_base.input(
+            self.set_knowledge_base, [self.session_id, self.knowledge_base], api_name="set_knowledge_base"
+        )
+        self.temperature.release(
+            self.set_temperature, [self.session_id, self.temperature], api_name="set_temperature"
+        )
+
+    def wire_turns(self) -> None:
+        turn_inputs = [self.message, self.session_id, self.view, self.system_prompt]
+        turn_inputs += [self.knowledge_base, self.temperature]
+        gr.on(
+            [self.send_button.click, self.message.submit],
+            self.send,
+            turn_inputs,
+            self.turn_outputs(),
+            api_name="send",
+        )
+        retry_inputs = [self.session_id, self.view, self.temperature]
+        self.chatbot.retry(self.regenerate, retry_inputs, self.turn_outputs(), api_name="regenerate")
+        self.chatbot.edit(self.edit, retry_inputs, self.turn_outputs(), api_name="edit")
+        # Stop asks the service to stop the reply; the streaming event then ends by itself and shows the
+        # stored reply.  (Cancelling the event as well would cancel the reply twice.)
+        self.stop_button.click(self.stop, [self.session_id], [self.stop_button], api_name="stop")
+
+    def wire_sessions(self) -> None:
+        self.new_button.click(self.new_chat, outputs=self.opened_outputs(), api_name="new_chat")
+        self.search.change(  # typing, pasting, and the clearing after a turn
+            self.find, [self.search], [self.sessions], trigger_mode="always_last", api_name="search"
+        )
+        self.rename_button.click(
+            self.rename, [self.session_id, self.title, self.search], [self.sessions], api_name="rename"
+        )
+        self.ask_to_confirm(self.delete_button, self.confirm_row)
+        self.confirm_delete.click(
+            self.delete, [self.session_id], [*self.opened_outputs(), self.sessions], api_name="delete"
+        )
+
+    def turn_outputs(self) -> list:
+        return [
             self.chatbot,
             self.view,
             self.session_id,
@@ -158,55 +201,6 @@ class ChatPage(Page):
             self.title,
             self.search,
         ]
-        turn_inputs = [
-            self.message,
-            self.session_id,
-            self.view,
-            self.system_prompt,
-            self.knowledge_base,
-            self.temperature,
-        ]
-        gr.on(
-            [self.send_button.click, self.message.submit],
-            self.send,
-            turn_inputs,
-            turn_outputs,
-            api_name="send",
-        )
-        self.chatbot.retry(
-            self.regenerate,
-            [self.session_id, self.view, self.temperature],
-            turn_outputs,
-            api_name="regenerate",
-        )
-        self.chatbot.edit(
-            self.edit, [self.session_id, self.view, self.temperature], turn_outputs, api_name="edit"
-        )
-        # Stop asks the service to stop the reply; the streaming event then ends by itself and shows the
-        # stored reply.  (Cancelling the event as well would cancel the reply twice.)
-        self.stop_button.click(self.stop, [self.session_id], [self.stop_button], api_name="stop")
-        self.new_button.click(self.new_chat, outputs=self.opened_outputs(), api_name="new_chat")
-        self.search.change(  # typing, pasting, and the clearing after a turn
-            self.find, [self.search], [self.sessions], trigger_mode="always_last", api_name="search"
-        )
-        self.rename_button.click(
-            self.rename, [self.session_id, self.title, self.search], [self.sessions], api_name="rename"
-        )
-        self.delete_button.click(
-            lambda: gr.Row(visible=True), outputs=[self.confirm_row], api_visibility="private"
-        )
-        self.cancel_delete.click(
-            lambda: gr.Row(visible=False), outputs=[self.confirm_row], api_visibility="private"
-        )
-        self.confirm_delete.click(
-            self.delete, [self.session_id], [*self.opened_outputs(), self.sessions], api_name="delete"
-        )
-        self.knowledge_base.input(
-            self.set_knowledge_base, [self.session_id, self.knowledge_base], api_name="set_knowledge_base"
-        )
-        self.temperature.release(
-            self.set_temperature, [self.session_id, self.temperature], api_name="set_temperature"
-        )
 
     def opened_outputs(self) -> list:
         return [
@@ -225,8 +219,8 @@ class ChatPage(Page):
     @shows_errors
     async def loaded(self, request: gr.Request) -> tuple:
         user = await self.identity.user(request)
-        sessions, _ = await self.service.list_sessions(user)
-        bases = await self.service.list_knowledge_bases(user)
+        sessions, _ = await self.service.chat_sessions.owned(user)
+        bases = await self.service.knowledge.owned(user)
         choices = [NO_KNOWLEDGE_BASE] + [(base.name, base.id) for base in bases]
         role = " (admin)" if user.role == "admin" else ""
         notice, timer = self.engine_state()
@@ -249,7 +243,7 @@ class ChatPage(Page):
 
     async def open(self, session_id: str, request: gr.Request) -> tuple:
         user = await self.identity.user(request)
-        session, branch = await self.service.get_session(user, session_id)
+        session, branch = await self.service.chat_sessions.get(user, session_id)
         view = conversation(branch, self.remote_images)
         temperature = DEFAULT_TEMPERATURE if session.temperature is None else session.temperature
         system_prompt = gr.Textbox(value=session.system_prompt or "", interactive=not branch)
@@ -270,7 +264,7 @@ class ChatPage(Page):
 
     @shows_errors
     async def find(self, query: str, request: gr.Request) -> list[dict]:
-        sessions, _ = await self.service.list_sessions(
+        sessions, _ = await self.service.chat_sessions.owned(
             await self.identity.user(request), search=query.strip() or None
         )
         return sidebar_groups(sessions)
@@ -280,28 +274,30 @@ class ChatPage(Page):
         if session_id is None:
             raise gr.Error("Open a chat to rename it.")
         user = await self.identity.user(request)
-        await self.service.rename_session(user, session_id, title.strip())
-        sessions, _ = await self.service.list_sessions(user, search=query.strip() or None)
+        await self.service.chat_sessions.rename(user, session_id, title.strip())
+        sessions, _ = await self.service.chat_sessions.owned(user, search=query.strip() or None)
         return sidebar_groups(sessions)
 
     @shows_errors
     async def delete(self, session_id: str | None, request: gr.Request) -> tuple:
         user = await self.identity.user(request)
         if session_id is not None:
-            await self.service.delete_session(user, session_id)
-        sessions, _ = await self.service.list_sessions(user)
+            await self.service.chat_sessions.delete(user, session_id)
+        sessions, _ = await self.service.chat_sessions.owned(user)
         return *self.new_chat(), sidebar_groups(sessions)
 
     @shows_errors
     async def set_knowledge_base(self, session_id: str | None, knowledge_base_id: str, request: gr.Request):
         if session_id is not None:
             user = await self.identity.user(request)
-            await self.service.update_session(user, session_id, knowledge_base_id=knowledge_base_id or None)
+            await self.service.chat_sessions.update(
+                user, session_id, knowledge_base_id=knowledge_base_id or None
+            )
 
     @shows_errors
     async def set_temperature(self, session_id: str | None, temperature: float, request: gr.Request):
         if session_id is not None:
-            await self.service.update_session(
+            await self.service.chat_sessions.update(
                 await self.identity.user(request), session_id, temperature=temperature
             )
 
@@ -325,7 +321,7 @@ class ChatPage(Page):
         if session_id is None:
             start = self.first_turn(user, message, options, system_prompt, knowledge_base_id)
         else:
-            start = self.service.send(user, session_id, message, options)
+            start = self.service.turns.send(user, session_id, message, options)
         async for update in self.run_turn(user, start, view.messages, message, draft=message):
             yield update
 
@@ -333,16 +329,16 @@ class ChatPage(Page):
         self, user: User, message: str, options: TurnOptions, system_prompt: str, knowledge_base_id: str
     ) -> Turn:
         """A new chat is stored with its options; if its first message cannot be sent, it is not kept."""
-        session = await self.service.create_session(
+        session = await self.service.chat_sessions.create(
             user,
             system_prompt=(system_prompt or "").strip() or None,
             knowledge_base_id=knowledge_base_id or None,
             temperature=options.temperature,
         )
         try:
-            return await self.service.send(user, session.id, message, options)
+            return await self.service.turns.send(user, session.id, message, options)
         except BaseException:
-            await asyncio.shield(self.service.delete_session(user, session.id))
+            await asyncio.shield(self.service.chat_sessions.delete(user, session.id))
             raise
 
     @shows_errors
@@ -355,7 +351,7 @@ class ChatPage(Page):
         request: gr.Request,
     ) -> AsyncIterator[dict]:
         user = await self.identity.user(request)
-        start = self.service.regenerate(
+        start = self.service.turns.regenerate(
             user, view.reply_after(retry.index), TurnOptions(temperature=temperature)
         )
         async for update in self.run_turn(user, start, view.messages[: retry.index + 1], None):
@@ -373,7 +369,7 @@ class ChatPage(Page):
         user = await self.identity.user(request)
         content = written_text(edited.value if isinstance(edited.value, str) else str(edited.value))
         options = TurnOptions(temperature=temperature)
-        start = self.service.edit(user, view.message_at(edited.index), content, options)
+        start = self.service.turns.edit(user, view.message_at(edited.index), content, options)
         async for update in self.run_turn(user, start, view.messages[: edited.index], content):
             yield update
 
@@ -413,8 +409,8 @@ class ChatPage(Page):
             gr.Warning(f"The reply failed: {result.error}")
 
     async def stored_turn(self, user: User, session_id: str) -> dict:
-        session, branch = await self.service.get_session(user, session_id)
-        sessions, _ = await self.service.list_sessions(user)
+        session, branch = await self.service.chat_sessions.get(user, session_id)
+        sessions, _ = await self.service.chat_sessions.owned(user)
         view = conversation(branch, self.remote_images)
         return {
             self.chatbot: view.messages,
@@ -436,7 +432,7 @@ class ChatPage(Page):
     @shows_errors
     async def stop(self, session_id: str | None, request: gr.Request) -> gr.Button:
         """The reply stops and is stored as aborted with its text so far; the streaming event shows it."""
-        stopped = session_id is not None and await self.service.stop(
+        stopped = session_id is not None and await self.service.turns.stop(
             await self.identity.user(request), session_id
         )
         return gr.Button(visible=False) if stopped else gr.skip()

@@ -97,7 +97,7 @@ class EnginePanelView:
 
     @shows_errors
     async def tick(self, samples: Samples, request: gr.Request) -> tuple:
-        panel = await self.service.engine_panel(await self.identity.admin(request))
+        panel = await self.service.admin.engine_panel(await self.identity.admin(request))
         now = time.monotonic()
         samples.add(panel, now)
         return figures(panel), samples, *(samples.frame(plot, now) for plot in PLOTS)

@@ -72,6 +72,21 @@ class KnowledgePage(Page):
         self.document_ids = gr.State([])
         self.selected_document = gr.State(None)
         gr.Markdown("## Knowledge bases")
+        self.knowledge_base_bar()
+        self.confirm_row, self.confirm_delete = self.confirmation(
+            "kb-confirm-delete", "Delete this knowledge base and all its documents?"
+        )
+        with gr.Row():
+            self.document_area()
+        gr.Markdown("### Try a query")
+        with gr.Row(equal_height=True):
+            self.query = gr.Textbox(
+                show_label=False, placeholder="Ask what a chat would ask", scale=5, elem_id="kb-query"
+            )
+            self.query_button = gr.Button("Retrieve", variant="primary", scale=1, elem_id="kb-query-run")
+        self.results = gr.HTML(elem_id="kb-results")
+
+    def knowledge_base_bar(self) -> None:
         with gr.Row(elem_classes="kb-bar"):
             with gr.Column(scale=3):
                 self.knowledge_base = gr.Dropdown([], label="Knowledge base", elem_id="kb-select")
@@ -81,40 +96,28 @@ class KnowledgePage(Page):
             with gr.Column(scale=3):
                 self.new_name = gr.Textbox(label="New knowledge base", placeholder="Name", elem_id="kb-name")
                 self.create_button = gr.Button("Create", size="sm", elem_id="kb-create")
-        with gr.Row(visible=False) as self.confirm_row:
-            gr.Markdown("Delete this knowledge base and all its documents?")
-            self.confirm_delete = gr.Button(
-                "Delete for good", variant="stop", size="sm", elem_id="kb-confirm-delete"
+
+    def document_area(self) -> None:
+        with gr.Column(scale=3):
+            self.files = only_uploads(
+                gr.File(
+                    label="Add documents (.txt, .md, .html, .pdf)",
+                    file_count="multiple",
+                    file_types=FILE_TYPES,
+                    elem_id="kb-files",
+                )
             )
-            self.cancel_delete = gr.Button("Keep it", size="sm")
-        with gr.Row():
-            with gr.Column(scale=3):
-                self.files = only_uploads(
-                    gr.File(
-                        label="Add documents (.txt, .md, .html, .pdf)",
-                        file_count="multiple",
-                        file_types=FILE_TYPES,
-                        elem_id="kb-files",
-                    )
-                )
-                self.upload_report = gr.HTML(elem_id="kb-upload-report")
-            with gr.Column(scale=4):
-                self.documents = gr.Dataframe(
-                    headers=DOCUMENT_COLUMNS,
-                    interactive=False,
-                    label="Documents (select one to delete it)",
-                    elem_id="kb-documents",
-                )
-                self.delete_document_button = gr.Button(
-                    "Delete selected document", size="sm", interactive=False, elem_id="kb-delete-document"
-                )
-        gr.Markdown("### Try a query")
-        with gr.Row(equal_height=True):
-            self.query = gr.Textbox(
-                show_label=False, placeholder="Ask what a chat would ask", scale=5, elem_id="kb-query"
+            self.upload_report = gr.HTML(elem_id="kb-upload-report")
+        with gr.Column(scale=4):
+            self.documents = gr.Dataframe(
+                headers=DOCUMENT_COLUMNS,
+                interactive=False,
+                label="Documents (select one to delete it)",
+                elem_id="kb-documents",
             )
-            self.query_button = gr.Button("Retrieve", variant="primary", scale=1, elem_id="kb-query-run")
-        self.results = gr.HTML(elem_id="kb-results")
+            self.delete_document_button = gr.Button(
+                "Delete selected document", size="sm", interactive=False, elem_id="kb-delete-document"
+            )
 
     def wire(self) -> None:
         listing = [self.documents, self.document_ids, self.selected_document, self.delete_document_button]
@@ -128,18 +131,23 @@ class KnowledgePage(Page):
             [self.knowledge_base, self.new_name],
             api_name="create_knowledge_base",
         )
-        self.delete_base_button.click(
-            lambda: gr.Row(visible=True), outputs=[self.confirm_row], api_visibility="private"
-        )
-        self.cancel_delete.click(
-            lambda: gr.Row(visible=False), outputs=[self.confirm_row], api_visibility="private"
-        )
+        self.ask_to_confirm(self.delete_base_button, self.confirm_row)
         self.confirm_delete.click(
             self.delete_base,
             [self.knowledge_base],
             [self.knowledge_base, self.confirm_row, *listing],
             api_name="delete_knowledge_base",
         )
+        self.wire_documents(listing)
+        gr.on(
+            [self.query_button.click, self.query.submit],
+            self.try_query,
+            [self.knowledge_base, self.query],
+            [self.results],
+            api_name="try_query",
+        )
+
+    def wire_documents(self, listing: list) -> None:
         self.files.upload(
             self.upload,
             [self.knowledge_base, self.files],
@@ -155,18 +163,11 @@ class KnowledgePage(Page):
             listing,
             api_name="delete_document",
         )
-        gr.on(
-            [self.query_button.click, self.query.submit],
-            self.try_query,
-            [self.knowledge_base, self.query],
-            [self.results],
-            api_name="try_query",
-        )
 
     # --- handlers ---
 
     async def choices(self, request: gr.Request) -> list[tuple[str, str]]:
-        bases = await self.service.list_knowledge_bases(await self.identity.user(request))
+        bases = await self.service.knowledge.owned(await self.identity.user(request))
         return [(base.name, base.id) for base in bases]
 
     @shows_errors
@@ -178,7 +179,7 @@ class KnowledgePage(Page):
     async def listing(self, knowledge_base_id: str | None, request: gr.Request) -> tuple:
         documents = []
         if knowledge_base_id:
-            documents = await self.service.list_documents(
+            documents = await self.service.knowledge.documents(
                 await self.identity.user(request), knowledge_base_id
             )
         no_selection = gr.Button(interactive=False)
@@ -190,14 +191,14 @@ class KnowledgePage(Page):
 
     @shows_errors
     async def create(self, name: str, request: gr.Request) -> tuple:
-        created = await self.service.create_knowledge_base(await self.identity.user(request), name or "")
+        created = await self.service.knowledge.create(await self.identity.user(request), name or "")
         return gr.Dropdown(choices=await self.choices(request), value=created.id), ""
 
     @shows_errors
     async def delete_base(self, knowledge_base_id: str | None, request: gr.Request) -> tuple:
         if not knowledge_base_id:
             raise gr.Error("Choose a knowledge base first.")
-        await self.service.delete_knowledge_base(await self.identity.user(request), knowledge_base_id)
+        await self.service.knowledge.delete(await self.identity.user(request), knowledge_base_id)
         choices = await self.choices(request)
         first = choices[0][1] if choices else None
         return (
@@ -223,7 +224,7 @@ class KnowledgePage(Page):
             name = Path(path).name
             progress((done, len(paths)), desc=f"Indexing {name}", unit="files")
             content = await asyncio.to_thread(self.identity.uploads.read, request.username, path)
-            result = await self.service.upload_documents(user, knowledge_base_id, [(name, content)])
+            result = await self.service.knowledge.upload(user, knowledge_base_id, [(name, content)])
             added += result.added
             rejected += result.rejected
         report = "".join(html.muted(f"Added {d.name}: {d.num_paragraphs} paragraphs.") for d in added)
@@ -242,7 +243,9 @@ class KnowledgePage(Page):
     ):
         if not knowledge_base_id or document_id is None:
             raise gr.Error("Select a document in the list first.")
-        await self.service.delete_document(await self.identity.user(request), knowledge_base_id, document_id)
+        await self.service.knowledge.delete_document(
+            await self.identity.user(request), knowledge_base_id, document_id
+        )
         return await self.listing(knowledge_base_id, request)
 
     @shows_errors
@@ -251,7 +254,7 @@ class KnowledgePage(Page):
             raise gr.Error("Create or choose a knowledge base first.")
         if not (query or "").strip():
             raise gr.Error("Write a query first.")
-        preview = await self.service.try_query(
+        preview = await self.service.knowledge.try_query(
             await self.identity.user(request), knowledge_base_id, query.strip()
         )
         return preview_html(preview)

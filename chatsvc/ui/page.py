@@ -26,3 +26,18 @@ class Page:
 
     def wire(self) -> None:
         raise NotImplementedError
+
+    def confirmation(self, elem_id: str, question: str = "") -> tuple[gr.Row, gr.Button]:
+        """A hidden row asking to confirm a deletion: its confirm button (the caller wires it) and a
+        button that hides the row again."""
+        with gr.Row(visible=False) as row:
+            if question:
+                gr.Markdown(question)
+            confirm = gr.Button("Delete for good", variant="stop", size="sm", elem_id=elem_id)
+            gr.Button("Keep it", size="sm").click(
+                lambda: gr.Row(visible=False), outputs=[row], api_visibility="private"
+            )
+        return row, confirm
+
+    def ask_to_confirm(self, button: gr.Button, row: gr.Row) -> None:
+        button.click(lambda: gr.Row(visible=True), outputs=[row], api_visibility="private")

@@ -47,6 +47,7 @@ class Passage:
 
     document_id: int
     document_name: str
+    collection: str
     heading: str
     paragraph_ids: list[int]
     positions: list[int]

@@ -71,22 +71,31 @@ class Retriever:
         num_bytes = len(data.encode() if isinstance(data, str) else data)
         return self._add(collection, name, kind or file_kind(name), num_bytes, text)
 
-    def add_documents(self, collection: str, files: Iterable[tuple[str, bytes | str]]) -> UploadResult:
-        """Indexes each (name, data); a file that can't be read is rejected with a reason, the rest go in."""
+    def add_documents(
+        self, collection: str, files: Iterable[tuple[str, bytes | str]], max_bytes: int = MAX_FILE_BYTES
+    ) -> UploadResult:
+        """Indexes each (name, data); a file that can't be read, or whose name the collection holds
+        already, is rejected with a reason, and the rest go in."""
         result = UploadResult()
+        taken = {document.name for document in self.list_documents(collection)}
         for name, data in files:
             try:
-                result.added.append(self.add_document(collection, name, data))
+                if name in taken:
+                    raise IngestError(f"{name}: a document of this name is in the collection already")
+                document = self.add_document(collection, name, data, max_bytes=max_bytes)
             except IngestError as error:
                 result.rejected.append(Rejected(name, str(error)))
+            else:
+                result.added.append(document)
+                taken.add(name)
         return result
 
-    def add_turn(self, collection: str, turn_number: int, role: str, text: str) -> Document:
+    def add_turn(self, collection: str, name: str, text: str) -> Document:
         """Indexes one past turn of a session, so it can be found after it left the session's KV."""
         _check_collection(collection)
         if not text.strip():
-            raise ValueError(f"turn {turn_number} has no text to index")
-        return self._add(collection, f"turn {turn_number} ({role})", "turn", len(text.encode()), text)
+            raise ValueError(f"{name} has no text to index")
+        return self._add(collection, name, "turn", len(text.encode()), text)
 
     def delete_document(self, document_id: int) -> None:
         with self._lock, self.engine.begin() as conn:
@@ -145,13 +154,7 @@ class Retriever:
         query_vector = None if decision.intent == Intent.SUMMARY else self.encoder.encode_query(search_text)
         with self._lock, self.engine.connect() as conn:
             indexes = {collection: self._collection(collection) for collection in collections}
-            if decision.intent == Intent.SUMMARY:
-                spans = self._overview_spans(conn, list(indexes.values()))
-            else:
-                terms = tokenize(query)
-                if strategy.expand_with_last_turn and recent_turns:
-                    terms += _rarest_terms(recent_turns[-1], list(indexes.values()), set(terms))
-                spans = self._hit_spans(conn, indexes, terms, query_vector, strategy.max_hits)
+            spans = self._intent_spans(conn, indexes, decision.intent, query, recent_turns, query_vector)
             filled = fill(
                 recent_turns,
                 int(budget * strategy.turn_share),
@@ -169,6 +172,19 @@ class Retriever:
             passages=filled.passages,
             text=filled.text,
         )
+
+    def _intent_spans(
+        self, conn, indexes: dict, intent: Intent, query: str, recent_turns: list[str], query_vector
+    ):
+        """The candidate spans for the window: a summary's overview of each document, else the hits of the
+        query's terms (and, for a follow-up, the rarest terms of the last turn)."""
+        if intent == Intent.SUMMARY:
+            return self._overview_spans(conn, list(indexes.values()))
+        strategy = STRATEGIES[intent]
+        terms = tokenize(query)
+        if strategy.expand_with_last_turn and recent_turns:
+            terms += _rarest_terms(recent_turns[-1], list(indexes.values()), set(terms))
+        return self._hit_spans(conn, indexes, terms, query_vector, strategy.max_hits)
 
     def close(self) -> None:
         """Writes the snapshots of collections changed since their last one, for a fast next start."""

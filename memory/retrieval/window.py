@@ -186,6 +186,7 @@ def _passage(rows: Sequence[ParagraphRow], hit: Candidate, reason: str, text: st
     return Passage(
         document_id=hit.row.document_id,
         document_name=hit.row.document_name,
+        collection=hit.row.collection,
         heading=hit.row.heading,
         paragraph_ids=[row.id for row in rows],
         positions=[row.position for row in rows],

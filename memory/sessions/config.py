@@ -1,6 +1,8 @@
 from dataclasses import dataclass
 from pathlib import Path
 
+from memory.sessions import kv_files
+
 
 @dataclass
 class MemoryConfig:
@@ -23,6 +25,7 @@ class MemoryConfig:
         if self.idle_seconds <= 0:
             raise ValueError("idle_seconds must be > 0")
 
-    @property
-    def sessions_dir(self) -> Path:
-        return Path(self.data_dir) / "sessions"
+    def session_file(self, session_id: str) -> Path:
+        """Where the session's KV is kept on disk: the one place that names it (raises ValueError for an id
+        that is not a file name)."""
+        return kv_files.session_file(Path(self.data_dir) / "sessions", session_id)

@@ -105,7 +105,7 @@ class SessionMemory:
     def open_session(
         self, session_id: str, budget_tokens: int | None = None, protected_tokens: int = 0
     ) -> None:
-        kv_files.session_file(self.config.sessions_dir, session_id)  # validates the id
+        self.config.session_file(session_id)  # validates the id
         self.options[session_id] = SessionOptions(budget_tokens, protected_tokens)
 
     async def resume(self, session_id: str) -> bool:
@@ -134,7 +134,7 @@ class SessionMemory:
         await self.engine.call(lambda: self.cache.drop(session_id))
         self.pending.pop(session_id, None)
         self.saved.pop(session_id, None)
-        kv_files.session_file(self.config.sessions_dir, session_id).unlink(missing_ok=True)
+        self.config.session_file(session_id).unlink(missing_ok=True)
 
     async def close_session(self, session_id: str) -> None:
         await self.drop(session_id)
@@ -143,10 +143,9 @@ class SessionMemory:
 
     async def session_info(self, session_id: str) -> SessionInfo:
         info = await self.engine.call(lambda: self.pool_info(session_id))
-        path = kv_files.session_file(self.config.sessions_dir, session_id)
+        path = self.config.session_file(session_id)
         info.bytes_on_disk = path.stat().st_size if path.is_file() else 0
-        if info.location == "none" and info.bytes_on_disk:
-            info.location = "disk"
+        info.location = located(info.location, info.bytes_on_disk)
         info.warning = self.warnings.get(session_id)
         return info
 
@@ -205,7 +204,7 @@ class SessionMemory:
 
     # Disk
     def read(self, session_id: str) -> SessionSnapshot | None:
-        path = kv_files.session_file(self.config.sessions_dir, session_id)
+        path = self.config.session_file(session_id)
         if not path.exists():
             return None
         try:
@@ -226,7 +225,7 @@ class SessionMemory:
         return self.write(snapshot) if snapshot is not None else 0
 
     def write(self, snapshot: SessionSnapshot) -> int:
-        path = kv_files.session_file(self.config.sessions_dir, snapshot.session_id)
+        path = self.config.session_file(snapshot.session_id)
         written = kv_files.save(snapshot, path, self.fingerprint)
         if self.pending.get(snapshot.session_id) is snapshot:
             del self.pending[snapshot.session_id]
@@ -257,6 +256,11 @@ class SessionMemory:
             for s in self.cache.sessions.values()
             if s.running is None and s.last_used < cutoff and self.saved.get(s.session_id) != s.last_used
         ]
+
+
+def located(in_pool: str, bytes_on_disk: int) -> str:
+    """pool or none as the pool says, except that a session out of the pool whose file holds KV is on disk."""
+    return "disk" if in_pool == "none" and bytes_on_disk else in_pool
 
 
 def idle_slots(cache: SessionCache) -> int:

@@ -151,7 +151,7 @@ class LiveServer:
         """Until no reply is generating (earlier tests' aborts included) and every finished turn is indexed
         and its KV recorded."""
         deadline = time.monotonic() + timeout_s
-        while self.service.busy_sessions or self.service.after_turns:
+        while self.service.turns.busy_sessions or self.service.turns.after_turns:
             assert time.monotonic() < deadline, "replies still generating"
             time.sleep(0.05)
 

@@ -25,27 +25,34 @@ def start_server(data_dir: Path, port: int, model_dir: Path, log: Path) -> subpr
     return server
 
 
+def stream_then_kill(server: subprocess.Popen, url: str) -> tuple[str, dict, dict]:
+    """Streams a reply, queues a second one behind it, and kills the server mid-reply: the text received,
+    a chunk of the first reply and the second one's first chunk."""
+    with httpx.Client(base_url=url, headers=AUTH, timeout=60) as http:
+        body = {"messages": STORY, "max_tokens": 300, "temperature": 0, "stream": True}
+        with http.stream("POST", "/v1/chat/completions", json=body) as streaming:
+            lines = streaming.iter_lines()
+            received, chunk = "", None
+            while len(received) < 20:
+                if (line := next(lines)).startswith("data: {"):
+                    chunk = json.loads(line.removeprefix("data: "))
+                    received += chunk["choices"][0]["delta"].get("content") or ""
+            # A second session's reply waits behind the first one (the engine runs one at a time).
+            with http.stream("POST", "/v1/chat/completions", json=body) as queued:
+                queued_lines = queued.iter_lines()  # kept referenced: dropping it would close the stream
+                waiting = json.loads(next(queued_lines).removeprefix("data: "))
+                time.sleep(1.0)  # past the 0.5 s save interval of the streaming reply
+                server.send_signal(signal.SIGKILL)
+                server.wait(timeout=30)
+    return received, chunk, waiting
+
+
 def test_a_killed_server_loses_no_message_and_marks_unfinished_replies_interrupted(tmp_path, smollm2_dir):
     port, log = free_port(), tmp_path / "server.log"
     url = f"http://127.0.0.1:{port}"
     server = start_server(tmp_path / "data", port, smollm2_dir, log)
     try:
-        with httpx.Client(base_url=url, headers=AUTH, timeout=60) as http:
-            body = {"messages": STORY, "max_tokens": 300, "temperature": 0, "stream": True}
-            with http.stream("POST", "/v1/chat/completions", json=body) as streaming:
-                lines = streaming.iter_lines()
-                received, chunk = "", None
-                while len(received) < 20:
-                    if (line := next(lines)).startswith("data: {"):
-                        chunk = json.loads(line.removeprefix("data: "))
-                        received += chunk["choices"][0]["delta"].get("content") or ""
-                # A second session's reply waits behind the first one (the engine runs one at a time).
-                with http.stream("POST", "/v1/chat/completions", json=body) as queued:
-                    queued_lines = queued.iter_lines()  # kept referenced: dropping it would close the stream
-                    waiting = json.loads(next(queued_lines).removeprefix("data: "))
-                    time.sleep(1.0)  # past the 0.5 s save interval of the streaming reply
-                    server.send_signal(signal.SIGKILL)
-                    server.wait(timeout=30)
+        received, chunk, waiting = stream_then_kill(server, url)
     finally:
         server.kill()
         server.wait()

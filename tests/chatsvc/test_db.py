@@ -6,7 +6,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
-from chatsvc import crud, sessions
+from chatsvc import chat_sessions, crud
 from chatsvc.db import alembic_config, create_db_engine, migrate
 from chatsvc.errors import Conflict, NotFound
 from chatsvc.models import Base, MessageStatus, Role
@@ -60,19 +60,19 @@ def test_first_admin_is_created_once_and_follows_the_settings_key_and_password(d
 def test_sessions_list_pinned_first_then_newest_and_search_titles_and_text(database):
     with database.begin() as db:
         alice, bob = crud.create_user(db, "alice"), crud.create_user(db, "bob")
-        first = sessions.create_session(db, alice, title="Trip to Kyoto")
-        second = sessions.create_session(db, alice, title="Recipes")
+        first = chat_sessions.create_session(db, alice, title="Trip to Kyoto")
+        second = chat_sessions.create_session(db, alice, title="Recipes")
         crud.add_message(db, second, None, "user", "How long to bake 100% rye_bread?")
-        third = sessions.create_session(db, alice, title="Taxes")
-        sessions.update_session(db, first, {"pinned": True})
-        sessions.create_session(db, bob, title="Bob's Kyoto notes")
+        third = chat_sessions.create_session(db, alice, title="Taxes")
+        chat_sessions.update_session(db, first, {"pinned": True})
+        chat_sessions.create_session(db, bob, title="Bob's Kyoto notes")
     with database.begin() as db:
         listed, total = crud.list_sessions(db, alice.id)
         assert [s.id for s in listed] == [first.id, third.id, second.id] and total == 3
         assert [s.id for s in crud.list_sessions(db, alice.id, search="kyoto")[0]] == [first.id]
         assert [s.id for s in crud.list_sessions(db, alice.id, search="100% RYE_")[0]] == [second.id]
         assert crud.list_sessions(db, alice.id, search="100%%")[1] == 0  # % and _ match literally
-        sessions.update_session(db, crud.find_session(db, alice.id, third.id), {"archived": True})
+        chat_sessions.update_session(db, crud.find_session(db, alice.id, third.id), {"archived": True})
         assert third.id not in [s.id for s in crud.list_sessions(db, alice.id)[0]]
         assert [s.id for s in crud.list_sessions(db, alice.id, archived=True)[0]] == [third.id]
         assert crud.list_sessions(db, None, archived=None)[1] == 4  # the admin's view
@@ -81,7 +81,7 @@ def test_sessions_list_pinned_first_then_newest_and_search_titles_and_text(datab
 def test_lookups_are_scoped_to_the_owner(database):
     with database.begin() as db:
         alice, bob = crud.create_user(db, "alice"), crud.create_user(db, "bob")
-        session = sessions.create_session(db, alice)
+        session = chat_sessions.create_session(db, alice)
         message = crud.add_message(db, session, None, "user", "hello")
         knowledge_base = crud.create_knowledge_base(db, alice.id, "manuals")
     with database.begin() as db:
@@ -94,13 +94,13 @@ def test_lookups_are_scoped_to_the_owner(database):
         with pytest.raises(NotFound):
             crud.find_knowledge_base(db, bob.id, knowledge_base.id)
         with pytest.raises(NotFound):  # bob cannot attach alice's knowledge base to his session
-            sessions.create_session(db, bob, knowledge_base_id=knowledge_base.id)
+            chat_sessions.create_session(db, bob, knowledge_base_id=knowledge_base.id)
 
 
 def test_branches_follow_parent_ids_and_the_newest_message_is_the_active_tip(database):
     with database.begin() as db:
         owner = crud.create_user(db, "alice")
-        session = sessions.create_session(db, owner)
+        session = chat_sessions.create_session(db, owner)
         question = crud.add_message(db, session, None, "user", "Q1")
         crud.add_message(db, session, question.id, "assistant", "A1")
         regenerated = crud.add_message(db, session, question.id, "assistant", "A1 again")
@@ -110,7 +110,9 @@ def test_branches_follow_parent_ids_and_the_newest_message_is_the_active_tip(dat
         assert [m.content for m in crud.branch(db, session.id, question.id)] == ["Q1"]
         assert len(crud.session_messages(db, session.id)) == 4
         with pytest.raises(Conflict, match="system prompt"):
-            sessions.update_session(db, crud.find_session(db, owner.id, session.id), {"system_prompt": "new"})
+            chat_sessions.update_session(
+                db, crud.find_session(db, owner.id, session.id), {"system_prompt": "new"}
+            )
         crud.delete_session(db, crud.find_session(db, owner.id, session.id))
     with database.begin() as db, pytest.raises(NotFound):
         crud.find_message(db, owner.id, follow_up.id)  # deleted with its session
@@ -119,7 +121,7 @@ def test_branches_follow_parent_ids_and_the_newest_message_is_the_active_tip(dat
 def test_startup_recovery_marks_only_this_replicas_unfinished_replies_interrupted(database):
     with database.begin() as db:
         owner = crud.create_user(db, "alice")
-        session = sessions.create_session(db, owner)
+        session = chat_sessions.create_session(db, owner)
         question = crud.add_message(db, session, None, "user", "Q")
         mine = crud.add_message(db, session, question.id, "assistant", "", status="pending", replica_id="a")
         crud.save_reply_progress(db, mine.id, "partial answ")

@@ -40,7 +40,7 @@ def test_generated_credentials_go_to_a_private_file_and_never_to_the_log(
     assert "first-admin.txt" in caplog.text
     assert mode(data_dir / "first-admin.txt") == 0o600
     assert mode(data_dir) == 0o700 and mode(data_dir / "kvchat.db") == 0o600
-    with service.sessions.begin() as db:
+    with service.db.begin() as db:
         assert crud.user_by_password(db, "admin", password).username == "admin"
         assert crud.user_by_api_key(db, key).username == "admin"
 
@@ -63,7 +63,7 @@ def test_chosen_credentials_come_from_files_or_the_environment(tmp_path, smollm2
         settings_from_cli(["--api-key-file", str(tmp_path / "missing")]).first_admin_secrets()
     service = first_start(tmp_path / "data", smollm2_dir, admin_password_file=tmp_path / "password")
     assert "password" not in (tmp_path / "data" / "first-admin.txt").read_text()  # only the key was made
-    with service.sessions.begin() as db:
+    with service.db.begin() as db:
         assert crud.user_by_password(db, "admin", "from-a-file-1").username == "admin"
     monkeypatch.setenv("KVCHAT_ADMIN_PASSWORD", "from-the-environment-1")
     assert settings_from_cli([]).first_admin_secrets() == (None, "from-the-environment-1")

@@ -14,7 +14,8 @@ Items can be returned within 30 days of delivery, in their original packaging.
 QUESTION = "How long does shipping to Norway take?"
 
 
-def test_a_knowledge_base_answers_with_numbered_citations_of_its_documents(server, client):
+def upload_shop_help(server) -> tuple[str, dict]:
+    """A knowledge base with one good document and two files rejected with their reasons."""
     kb = server.rest("POST", "/api/knowledge-bases", json={"name": "Shop help"}).json()["id"]
     files = [
         ("files", ("shipping.md", SHIPPING, "text/markdown")),
@@ -27,7 +28,11 @@ def test_a_knowledge_base_answers_with_numbered_citations_of_its_documents(serve
     assert "unsupported file type .exe" in reasons["setup.exe"] and "limit" in reasons["huge.txt"]
     documents = server.rest("GET", f"/api/knowledge-bases/{kb}/documents").json()
     assert [(d["name"], d["num_paragraphs"]) for d in documents["data"]] == [("shipping.md", 2)]
+    return kb, documents["data"][0]
 
+
+def test_a_knowledge_base_answers_with_numbered_citations_of_its_documents(server, client):
+    kb, document = upload_shop_help(server)
     completion = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": QUESTION}],
@@ -39,19 +44,17 @@ def test_a_knowledge_base_answers_with_numbered_citations_of_its_documents(serve
     reply = server.rest("GET", f"/api/messages/{completion.message_id}").json()
     first = reply["citations"][0]
     assert (first["n"], first["title"]) == (1, "shipping.md") and "Norway" in first["text"]
-    paragraph_ids = first["paragraph_ids"]
     question = server.rest("GET", f"/api/sessions/{completion.session_id}").json()["messages"][0]
     assert question["retrieval"]["intent"] == "knowledge" and question["retrieval"]["latency_ms"] > 0
     assert [s["n"] for s in question["context"]] == list(range(1, len(question["context"]) + 1))
 
     preview = server.rest("POST", f"/api/knowledge-bases/{kb}/query", json={"query": QUESTION, "k": 2}).json()
     assert preview["intent"] == "knowledge" and preview["num_tokens"] <= preview["budget_tokens"]
-    assert preview["passages"][0]["paragraph_ids"] == paragraph_ids
+    assert preview["passages"][0]["paragraph_ids"] == first["paragraph_ids"]
     assert [hit["document_name"] for hit in preview["hits"]] == ["shipping.md", "shipping.md"]
     assert preview["hits"][0]["score"] > preview["hits"][1]["score"]
 
-    document_id = documents["data"][0]["id"]
-    assert server.rest("DELETE", f"/api/knowledge-bases/{kb}/documents/{document_id}").status_code == 200
+    assert server.rest("DELETE", f"/api/knowledge-bases/{kb}/documents/{document['id']}").status_code == 200
     assert server.rest("GET", f"/api/knowledge-bases/{kb}/documents").json()["count"] == 0
     again = server.rest("POST", f"/api/knowledge-bases/{kb}/query", json={"query": QUESTION}).json()
     assert again["passages"] == [] and again["hits"] == []

@@ -30,7 +30,7 @@ def world(db_url, tmp_path, smollm2_dir):
     upload = client.post(f"/api/knowledge-bases/{kb_id}/documents", files=[DOCUMENT], headers=as_a).json()
     document_id = upload["added"][0]["id"]
     key_id = client.get("/api/keys", headers=as_a).json()["data"][0]["id"]
-    with app.state.service.sessions.begin() as db:
+    with app.state.service.db.begin() as db:
         session = crud.find_any_session(db, session_id)
         question = crud.add_message(db, session, None, "user", "secret question")
         reply = crud.add_message(db, session, question.id, "assistant", "secret answer")
@@ -38,7 +38,7 @@ def world(db_url, tmp_path, smollm2_dir):
             session=session_id, question=question.id, reply=reply.id, kb=kb_id, doc=document_id, key=key_id
         )
     yield client, keys, ids
-    app.state.service.sessions.kw["bind"].dispose()  # what the lifespan would do at shutdown
+    app.state.service.db.kw["bind"].dispose()  # what the lifespan would do at shutdown
 
 
 DOCUMENT = ("files", ("manual.txt", b"Press the red button to start the machine.", "text/plain"))

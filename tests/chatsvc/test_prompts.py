@@ -6,10 +6,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from transformers import AutoTokenizer
 
-from chatsvc.context import Source, citations, numbered
+from chatsvc.chat_sessions import age_group
+from chatsvc.citations import Source, citations, numbered
 from chatsvc.models import Message
 from chatsvc.prompts import chat_messages, fit_prompt
-from chatsvc.sessions import age_group, make_title
+from chatsvc.turn_flow import make_title
 
 LIMIT = 8192
 

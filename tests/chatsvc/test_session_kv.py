@@ -47,13 +47,23 @@ def test_each_turn_reuses_the_session_kv_and_prefills_only_its_new_tokens(server
     assert previous.prompt_tokens_details.cached_tokens > 0
 
 
+def listed_kv(server, title: str) -> dict:
+    rows = server.rest("GET", "/api/admin/kv/sessions", params={"title": title}).json()
+    assert rows["count"] == 1
+    return rows["data"][0]
+
+
+def kv_action(server, session_id: str, action: str) -> dict:
+    response = server.rest("POST", f"/api/admin/kv/sessions/{session_id}/{action}")
+    assert response.status_code == 200, response.text
+    return response.json()["kv"]
+
+
 def test_admins_see_a_sessions_kv_and_persist_evict_and_drop_it(server, client):
     completion = ask(client, "Name a primary colour.")
     session_id = completion.session_id
     server.wait_idle()
-    rows = server.rest("GET", "/api/admin/kv/sessions", params={"title": "primary colour"}).json()
-    assert rows["count"] == 1
-    row = rows["data"][0]
+    row = listed_kv(server, "primary colour")
     assert (row["session_id"], row["owner"], row["turns"], row["kv_location"]) == (
         session_id,
         "admin",
@@ -61,27 +71,16 @@ def test_admins_see_a_sessions_kv_and_persist_evict_and_drop_it(server, client):
         "pool",
     )
     assert row["tokens"] == completion.usage.total_tokens and row["kv_cached_tokens"] > 0
-    detail = kv_detail(server, session_id)
-    kv = detail["kv"]
+    kv = kv_detail(server, session_id)["kv"]
     assert kv["available"] and kv["location"] == "pool" and kv["bytes_on_disk"] == 0
     assert len(kv["positions"]) == len(kv["importance"]) == kv["cached_tokens"] > 0
     kv_file = server.data_dir / "sessions" / f"{session_id}.safetensors"
 
-    def act(action: str) -> dict:
-        response = server.rest("POST", f"/api/admin/kv/sessions/{session_id}/{action}")
-        assert response.status_code == 200, response.text
-        return response.json()["kv"]
-
-    persisted = act("persist")
+    persisted = kv_action(server, session_id, "persist")
     assert persisted["location"] == "pool" and persisted["bytes_on_disk"] == kv_file.stat().st_size > 0
-    assert act("evict")["location"] == "disk"
-    assert (
-        server.rest("GET", "/api/admin/kv/sessions", params={"title": "primary colour"}).json()["data"][0][
-            "kv_location"
-        ]
-        == "disk"
-    )
-    dropped = act("drop")
+    assert kv_action(server, session_id, "evict")["location"] == "disk"
+    assert listed_kv(server, "primary colour")["kv_location"] == "disk"
+    dropped = kv_action(server, session_id, "drop")
     assert dropped["location"] == "none" and dropped["bytes_on_disk"] == 0 and not kv_file.exists()
     refused = server.rest("POST", f"/api/admin/kv/sessions/{session_id}/evict")
     assert refused.status_code == 409 and "no KV in the pool" in refused.json()["error"]["message"]
@@ -118,7 +117,7 @@ def test_a_small_kv_budget_forces_an_eviction_the_admin_page_shows(server, clien
     assert event["num_tokens_before"] == first.usage.total_tokens - 1  # the last reply token has no KV yet
     assert event["details"]["tokens_after"] == 261
     assert event["details"]["kept_spans"][0][0] == 0  # the sink tokens stay
-    with server.service.sessions.begin() as db:
+    with server.service.db.begin() as db:
         stored = crud.eviction_events(db, session_id)
         assert [(e.num_tokens_before, e.num_tokens_evicted) for e in stored] == [
             (event["num_tokens_before"], event["num_tokens_evicted"])
@@ -134,7 +133,7 @@ def test_deleting_a_session_deletes_its_kv_and_its_indexed_turns(server, client)
     server.wait_idle()
     assert server.rest("POST", f"/api/admin/kv/sessions/{session_id}/persist").status_code == 200
     kv_file = server.data_dir / "sessions" / f"{session_id}.safetensors"
-    retriever = server.service.retrieval.retriever
+    retriever = server.service.sources.retriever
     memory = server.service.engines.session_memory()
     assert kv_file.exists() and len(retriever.list_documents(f"session:{session_id}")) == 2
     assert server.rest("DELETE", f"/api/sessions/{session_id}").status_code == 200

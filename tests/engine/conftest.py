@@ -1,8 +1,8 @@
 import pytest
 from transformers import AutoTokenizer
 
-from tests.prompts import chat_prompts
-from tests.reference import reference_greedy, reference_model
+from engine.testing.oracle import reference_greedy, reference_model
+from engine.testing.prompts import chat_prompts
 
 
 def reference_greedy_batch(model_dir, prompts: list[str], max_new_tokens: int) -> list[list[int]]:

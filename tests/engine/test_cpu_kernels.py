@@ -23,7 +23,7 @@ from engine.layers.linear import Linear, max_kernel_rows
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.llm_engine import LLMEngine
-from tests.models import TINY_CONFIGS, build_model
+from engine.testing.tiny_models import TINY_CONFIGS, build_model
 
 BLOCK = 16
 

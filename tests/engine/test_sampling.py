@@ -3,7 +3,7 @@
 import pytest
 
 from engine import LLM, SamplingParams
-from tests.reference import reference_greedy, reference_model
+from engine.testing.oracle import reference_greedy, reference_model
 
 
 @pytest.fixture(scope="module")

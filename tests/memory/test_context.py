@@ -45,7 +45,7 @@ def retriever(tmp_path_factory, count_tokens, faq_items):
         text = f"user: we talked about garden furniture and paint colours, part {number}"
         if number == 3:
             text = "user: My flight number is LX318 and I land in Zurich on Friday."
-        retriever.add_turn("session:1", number, "user", text)
+        retriever.add_turn("session:1", f"turn {number} (user)", text)
     return retriever
 
 

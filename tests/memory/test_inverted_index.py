@@ -1,22 +1,13 @@
-import math
 import random
 from collections import Counter
 
 import numpy as np
 import pytest
-from rank_bm25 import BM25Okapi
 
+from memory.retrieval.bm25_reference import LuceneIdfBM25
 from memory.retrieval.collection_index import CollectionIndex
 from memory.retrieval.inverted_index import InvertedIndex, bm25_scores
 from memory.retrieval.tokenize import tokenize
-
-
-class LuceneIdfBM25(BM25Okapi):
-    """rank_bm25's Okapi scoring (the brute-force oracle) with the idf our index uses."""
-
-    def _calc_idf(self, nd):
-        for word, freq in nd.items():
-            self.idf[word] = math.log(1 + (self.corpus_size - freq + 0.5) / (freq + 0.5))
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ def test_add_search_window_delete_and_restart_on_postgres(postgres_url, tmp_path
     metadata.create_all(engine)
     retriever = Retriever(engine, tmp_path, count_tokens)
     guide = retriever.add_document("kb:1", "guide.md", GUIDE)
-    turn = retriever.add_turn("session:1", 0, "user", "My flight number is LX318.")
+    turn = retriever.add_turn("session:1", "turn 0 (user)", "My flight number is LX318.")
     assert retriever.search("permit fee", ["kb:1"], k=1)[0].document_id == guide.id
     context = retriever.build_context("what does the permit cost?", ["kb:1", "session:1"], [], 200)
     assert "25,000 SEK" in context.text and context.num_tokens <= context.budget_tokens

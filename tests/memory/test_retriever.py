@@ -118,7 +118,7 @@ def test_index_survives_a_restart_and_keeps_changes(make_retriever, close_first)
 
 def test_delete_collection_forgets_everything(make_retriever):
     retriever = make_retriever()
-    retriever.add_turn("session:1", 0, "user", "My flight is LX318 on Friday.")
+    retriever.add_turn("session:1", "turn 0 (user)", "My flight is LX318 on Friday.")
     retriever.search("flight", ["session:1"])
     retriever.close()
     assert retriever.delete_collection("session:1") == 1

@@ -36,6 +36,7 @@ class UiServer:
             data_dir, model_dir, admin_password=ADMIN_PASSWORD, default_max_tokens=40, kv_cache_gb=0.5
         )
         self.app = build_app(settings)
+        self.data_dir = settings.data_path()
         self.url = f"http://127.0.0.1:{settings.port}"
         config = uvicorn.Config(
             self.app, host="127.0.0.1", port=settings.port, log_level="warning", timeout_graceful_shutdown=2
@@ -71,7 +72,7 @@ class UiServer:
 
     def wait_idle(self, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s
-        while self.service.busy_sessions or self.service.after_turns:
+        while self.service.turns.busy_sessions or self.service.turns.after_turns:
             assert time.monotonic() < deadline, "replies still generating"
             time.sleep(0.05)
 

@@ -25,8 +25,7 @@ def table_rows(dataframe) -> list[list[str]]:
     return [[cell.inner_text() for cell in row.locator("[role=gridcell]").all()] for row in rows]
 
 
-def test_upload_query_and_an_answer_that_cites_the_document(server, page):
-    log_in(page, server.url, *ALICE, path="/knowledge")
+def upload_and_try_a_query(page) -> None:
     page.locator("#kb-name textarea, #kb-name input").first.fill("Station handbook")
     page.locator("#kb-create").click()
     expect(page.locator("#kb-select input")).to_have_value("Station handbook")
@@ -46,6 +45,11 @@ def test_upload_query_and_an_answer_that_cites_the_document(server, page):
     results.get_by_text("Best paragraphs").wait_for()
     assert "knowledge" in results.inner_text()  # the chosen intent
     assert "every Tuesday from 9 to 11" in results.locator(".kv-passage").first.inner_text()
+
+
+def test_upload_query_and_an_answer_that_cites_the_document(server, page):
+    log_in(page, server.url, *ALICE, path="/knowledge")
+    upload_and_try_a_query(page)
     screenshot(page, "knowledge-base")
     assert page.evaluate("window.__xss") is None
 

@@ -102,7 +102,7 @@ def test_logging_out_or_an_expired_login_ends_access(server):
 
     client = gradio_client.Client(f"{server.url}/", auth=("erin", "erin-password-1"), verbose=False)
     create_knowledge_base(client, "Erin's")
-    with server.service.sessions.begin() as db:
+    with server.service.db.begin() as db:
         expired = utcnow() - timedelta(seconds=1)
         db.execute(update(Login).where(Login.user_id == erin).values(expires_at=expired))
     assert_refused(client)
@@ -110,7 +110,7 @@ def test_logging_out_or_an_expired_login_ends_access(server):
 
 def test_wrong_passwords_are_throttled_per_user_with_retry_after_and_logged(server, caplog):
     create_user(server, "frank", "frank-password-1")
-    limit = server.service.logins.policy.failures_per_user
+    limit = server.service.accounts.logins.policy.failures_per_user
     try:
         for _ in range(limit):
             assert log_in(server, "frank", "a wrong password").status_code == 401
@@ -123,7 +123,7 @@ def test_wrong_passwords_are_throttled_per_user_with_retry_after_and_logged(serv
         assert any("frank" in record.getMessage() for record in caplog.records)
         assert log_in(server, "nobody-at-all", "x").status_code == 401  # other names go on
     finally:
-        server.service.logins.throttle.attempts.clear()
+        server.service.accounts.logins.throttle.attempts.clear()
 
 
 def test_a_login_posted_from_another_site_is_refused(server):

@@ -61,7 +61,7 @@ def test_html_and_remote_images_come_back_escaped_through_the_event_api(server):
 def store_hostile_conversation(server, title: str) -> None:
     """Alice's session whose question, reply, source text and source heading hold HTML and a remote image."""
     citation = {"n": 1, "title": "ferry.txt", "heading": BEACON, "text": HOSTILE, "cited": True}
-    with server.service.sessions.begin() as db:
+    with server.service.db.begin() as db:
         alice = db.scalar(select(User).where(User.username == ALICE[0]))
         session = crud.create_session(db, alice.id, title=title)
         question = crud.add_message(db, session, None, "user", HOSTILE, status=MessageStatus.done)

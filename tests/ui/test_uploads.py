@@ -42,7 +42,7 @@ def documents(server, knowledge_base_id: str) -> list[str]:
 def test_no_server_path_or_url_is_read_and_nothing_is_copied(server, raw_payloads):
     client = gradio_client.Client(f"{server.url}/", auth=ALICE, verbose=False)
     knowledge_base = client.predict("Probe", api_name="/create_knowledge_base")[0]["value"]
-    folder = Path(server.app.state.service.data_dir) / "uploads"
+    folder = server.data_dir / "uploads"
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700  # Gradio's cache, private to the server
     before = sorted(folder.rglob("*"))
     for path in (SERVER_FILE, "http://198.51.100.7/notes.md", folder / ".." / "kvchat.db"):

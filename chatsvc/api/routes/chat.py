@@ -77,11 +77,11 @@ async def _start_turn(service: ChatService, user: User, body: ChatCompletionRequ
     if body.session_id is not None:
         if earlier:
             raise ValueError("with session_id, send only the new user message: the server holds the history")
-        return await service.send(user, body.session_id, last.text(), options, body.knowledge_base_id)
+        return await service.turns.send(user, body.session_id, last.text(), options, body.knowledge_base_id)
     system = [m.text() for m in earlier if m.role in ("system", "developer")]
     history = [(m.role, m.text()) for m in earlier if m.role in ("user", "assistant")]
     system_prompt = "\n\n".join(system) or None
-    return await service.start_session(
+    return await service.turns.start_session(
         user, last.text(), options, system_prompt, body.knowledge_base_id, history
     )
 

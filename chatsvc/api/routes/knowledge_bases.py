@@ -1,11 +1,11 @@
 """A user's knowledge bases and their documents: upload (several files at once), list, delete, and try a
-query.  The documents live in the retriever's tables under collection kb:<id>."""
+query.  The documents live in the retriever (chatsvc/sources.py names their collection)."""
 
 from typing import Annotated
 
 from fastapi import APIRouter, File, UploadFile
 
-from chatsvc.api.deps import CurrentUser, OwnedKnowledgeBase, ServiceDep
+from chatsvc.api.deps import CurrentUser, ServiceDep
 from chatsvc.api.schemas import (
     Detail,
     DocumentList,
@@ -13,10 +13,10 @@ from chatsvc.api.schemas import (
     KnowledgeBaseCreate,
     KnowledgeBaseList,
     KnowledgeBasePublic,
-    QueryPreviewPublic,
     QueryRequest,
     UploadResponse,
 )
+from chatsvc.views import QueryPreview
 
 router = APIRouter(prefix="/api/knowledge-bases", tags=["knowledge bases"])
 UPLOAD_PATH = r"/api/knowledge-bases/[^/]+/documents"  # has its own request size limit
@@ -24,30 +24,30 @@ UPLOAD_PATH = r"/api/knowledge-bases/[^/]+/documents"  # has its own request siz
 
 @router.get("", response_model=KnowledgeBaseList)
 async def list_knowledge_bases(user: CurrentUser, service: ServiceDep) -> KnowledgeBaseList:
-    found = await service.list_knowledge_bases(user)
+    found = await service.knowledge.owned(user)
     return KnowledgeBaseList(data=found, count=len(found))
 
 
 @router.post("", response_model=KnowledgeBasePublic, status_code=201)
 async def create_knowledge_base(body: KnowledgeBaseCreate, user: CurrentUser, service: ServiceDep):
-    return await service.create_knowledge_base(user, body.name)
+    return await service.knowledge.create(user, body.name)
 
 
 @router.get("/{knowledge_base_id}", response_model=KnowledgeBasePublic)
-def read_knowledge_base(knowledge_base: OwnedKnowledgeBase):
-    return knowledge_base
+async def read_knowledge_base(knowledge_base_id: str, user: CurrentUser, service: ServiceDep):
+    return await service.knowledge.get(user, knowledge_base_id)
 
 
 @router.delete("/{knowledge_base_id}", response_model=Detail)
 async def delete_knowledge_base(knowledge_base_id: str, user: CurrentUser, service: ServiceDep) -> Detail:
     """With its documents; sessions that used it go on without one."""
-    await service.delete_knowledge_base(user, knowledge_base_id)
+    await service.knowledge.delete(user, knowledge_base_id)
     return Detail(detail=f"knowledge base {knowledge_base_id} deleted")
 
 
 @router.get("/{knowledge_base_id}/documents", response_model=DocumentList)
 async def list_documents(knowledge_base_id: str, user: CurrentUser, service: ServiceDep) -> DocumentList:
-    documents = await service.list_documents(user, knowledge_base_id)
+    documents = await service.knowledge.documents(user, knowledge_base_id)
     return DocumentList(data=documents, count=len(documents))
 
 
@@ -59,19 +59,19 @@ async def upload_documents(
     files: Annotated[list[UploadFile], File(description=".txt, .md, .html or .pdf files")],
 ) -> UploadResponse:
     """Each file is indexed or rejected with its reason; one bad file does not stop the others."""
-    limit = service.max_file_bytes
+    limit = service.knowledge.max_file_bytes
     contents = [(file.filename, await file.read(limit + 1)) for file in files]  # over: rejected as such
-    result = await service.upload_documents(user, knowledge_base_id, contents)
+    result = await service.knowledge.upload(user, knowledge_base_id, contents)
     return UploadResponse(added=result.added, rejected=result.rejected)
 
 
 @router.delete("/{knowledge_base_id}/documents/{document_id}", response_model=Detail)
 async def delete_document(knowledge_base_id: str, document_id: Id, user: CurrentUser, service: ServiceDep):
-    await service.delete_document(user, knowledge_base_id, document_id)
+    await service.knowledge.delete_document(user, knowledge_base_id, document_id)
     return Detail(detail=f"document {document_id} deleted")
 
 
-@router.post("/{knowledge_base_id}/query", response_model=QueryPreviewPublic)
+@router.post("/{knowledge_base_id}/query", response_model=QueryPreview)
 async def try_query(knowledge_base_id: str, body: QueryRequest, user: CurrentUser, service: ServiceDep):
     """What a question would retrieve: the intent and window a turn would get, and the best paragraphs."""
-    return await service.try_query(user, knowledge_base_id, body.query, body.k)
+    return await service.knowledge.try_query(user, knowledge_base_id, body.query, body.k)

@@ -6,9 +6,9 @@ import pytest
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
+from engine.testing.oracle import reference_model
 from memory.sessions.config import MemoryConfig
 from memory.sessions.session_memory import SessionMemory
-from tests.reference import reference_model
 
 SYSTEM = "You are a helpful assistant for a bookshop. The customer's order number is 58213."
 QUESTIONS = [

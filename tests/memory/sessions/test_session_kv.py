@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from engine.sessions import common_prefix
+from engine.testing.oracle import DEVICE, reference_greedy
 from memory.sessions import kv_files
 from tests.memory.sessions.conftest import QUESTIONS, Conversation, memory_for
-from tests.reference import DEVICE, reference_greedy
 
 
 @pytest.mark.parametrize("model", ["smollm2", "qwen3"])

@@ -11,7 +11,7 @@ class Source:
 
 
 @dataclass
-class Retrieval:
+class FoundSources:
     sources: list[Source]
     intent: str
     details: dict  # how the sources were chosen (intent, window, latency), stored with the user message

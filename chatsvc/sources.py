@@ -1,14 +1,16 @@
-"""The retriever behind the turn flow: a turn's sources come from its session's knowledge base and from the
-session's own past turns (so a fact that left the session's KV can come back), and every finished turn is
-indexed for later ones.  The retriever is synchronous and CPU-bound: it always runs in a worker thread."""
+"""A turn's sources: from its session's knowledge base and from the session's own past turns (so a fact that
+left the session's KV can come back); every finished turn is indexed for later ones.  The retriever
+(memory.retrieval) is synchronous and CPU-bound: it always runs in a worker thread.  The collection names
+of knowledge bases and sessions are made here and nowhere else."""
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Sequence
 
-from chatsvc.context import Retrieval, Source
+from chatsvc.citations import FoundSources, Source
 from chatsvc.models import ChatSession, Message
 from memory.retrieval import Context, Passage, Retriever
 
@@ -20,12 +22,16 @@ def session_collection(session_id: str) -> str:
     return f"session:{session_id}"
 
 
+def knowledge_base_collection(knowledge_base_id: str) -> str:
+    return f"kb:{knowledge_base_id}"
+
+
 def collections_for(session: ChatSession) -> list[str]:
-    kb = [f"kb:{session.knowledge_base_id}"] if session.knowledge_base_id else []
+    kb = [knowledge_base_collection(session.knowledge_base_id)] if session.knowledge_base_id else []
     return [*kb, session_collection(session.id)]
 
 
-class RetrieverContext:
+class TurnSources:
     def __init__(self, retriever: Retriever, budget_tokens: int):
         self.retriever = retriever
         self.budget_tokens = budget_tokens
@@ -40,7 +46,7 @@ class RetrieverContext:
         except Exception:
             log.exception("the embedding model failed to load; retrieval will fail until it does")
 
-    async def build_context(self, query: str, session: ChatSession, history: Sequence[Message]) -> Retrieval:
+    async def find(self, query: str, session: ChatSession, history: Sequence[Message]) -> FoundSources:
         """Sources for `query`, best first; `history` is the branch before the new message."""
         recent = [f"{m.role}: {m.content}" for m in history[-RECENT_MESSAGES:] if m.content]
         collections = collections_for(session)
@@ -51,17 +57,36 @@ class RetrieverContext:
         latency_s = time.perf_counter() - started
         # The latest turns are in the prompt already; a passage repeating one of them adds nothing.
         passages = [p for p in context.passages if not any(p.text in turn for turn in recent)]
+        passages = _on_branch(passages, session_collection(session.id), history)
         sources = [_source(passage) for passage in passages]
         details = _details(context, passages, collections, latency_s)
-        return Retrieval(sources, context.intent, details, latency_s)
+        return FoundSources(sources, context.intent, details, latency_s)
 
-    async def remember_turn(self, session_id: str, turn_number: int, role: str, text: str) -> None:
+    async def remember_turn(self, session_id: str, message_id: int, text: str) -> None:
         if text.strip():
             collection = session_collection(session_id)
-            await asyncio.to_thread(self.retriever.add_turn, collection, turn_number, role, text)
+            await asyncio.to_thread(self.retriever.add_turn, collection, _turn_key(message_id), text)
 
     async def forget(self, collection: str) -> None:
         await asyncio.to_thread(self.retriever.delete_collection, collection)
+
+
+def _turn_key(message_id: int) -> str:
+    return f"message {message_id}"
+
+
+def _on_branch(passages: list[Passage], collection: str, history: Sequence[Message]) -> list[Passage]:
+    """Past turns of the branch being answered, named by their place in it; a turn of another branch (an
+    edited question, a regenerated reply) is not part of this conversation."""
+    names = {_turn_key(m.id): f"turn {n} ({m.role})" for n, m in enumerate(history, start=1)}
+    kept = []
+    for passage in passages:
+        if passage.collection == collection:
+            if passage.document_name not in names:
+                continue
+            passage = dataclasses.replace(passage, document_name=names[passage.document_name])
+        kept.append(passage)
+    return kept
 
 
 def _source(passage: Passage) -> Source:

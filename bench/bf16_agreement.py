@@ -17,7 +17,7 @@ import torch
 from transformers import AutoTokenizer
 
 from engine import LLM, SamplingParams
-from engine.sessions import common_prefix
+from engine.session_kv import common_prefix
 from engine.testing.oracle import reference_greedy, reference_model
 from engine.testing.prompts import chat_prompts
 

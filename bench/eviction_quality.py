@@ -26,8 +26,8 @@ from pathlib import Path
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
-from memory.sessions.config import MemoryConfig
-from memory.sessions.session_memory import SessionMemory
+from memory.session_memory.config import MemoryConfig
+from memory.session_memory.session_memory import SessionMemory
 
 RESULTS = Path(__file__).resolve().parent / "results" / "eviction_quality.json"
 FACTS = [

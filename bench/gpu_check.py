@@ -1,7 +1,7 @@
 """What a lent GPU machine checks in one short run; nothing can be downloaded there.
 
     python -m bench.gpu_check prepare --gguf FILE --cache-dir DIR
-    KVCHAT_MODEL_CACHE_DIR=DIR python -m pytest tests/engine tests/memory/sessions
+    KVCHAT_MODEL_CACHE_DIR=DIR python -m pytest tests/engine tests/memory/session_memory
     python -m bench.gpu_check measure --cache-dir DIR --out FILE
 
 `prepare` converts the bundled SmolLM2 GGUF (carried there) as `make` does here, and builds the tiny

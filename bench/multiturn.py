@@ -131,8 +131,8 @@ def resume_versus_recompute(model: str, dtype: str, target_tokens: int = 4000) -
     """A long session saved to disk and evicted, then one more turn: restore versus recompute."""
     from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
-    from memory.sessions.config import MemoryConfig
-    from memory.sessions.session_memory import SessionMemory
+    from memory.session_memory.config import MemoryConfig
+    from memory.session_memory.session_memory import SessionMemory
 
     with tempfile.TemporaryDirectory() as data_dir:
         engine = AsyncEngine(EngineConfig(model=model, dtype=dtype, enable_prefix_caching=False))

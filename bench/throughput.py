@@ -220,7 +220,7 @@ def measure(dtype: str, engines: list[str], machine: dict, args) -> dict:
     }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -240,7 +240,11 @@ def main() -> None:
     parser.add_argument("--scenario", choices=list(SCENARIOS), help=argparse.SUPPRESS)
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.worker:
         args.engine = args.worker
         Path(args.out).write_text(json.dumps(worker(args)))

@@ -8,7 +8,7 @@ from chatsvc.settings import Settings
 from engine.async_engine import AsyncEngine
 from engine.model_files import check_model_dir
 from engine.protocol import EngineClient, EngineStats
-from memory.sessions.session_memory import SessionMemory
+from memory.session_memory.session_memory import SessionMemory
 
 log = logging.getLogger(__name__)
 LOADING_RETRY_AFTER_S = 10

@@ -12,7 +12,7 @@ from chatsvc import crud
 from chatsvc.db import in_transaction
 from chatsvc.models import ChatSession, SessionKvSnapshot
 from chatsvc.views import SessionKvRow
-from memory.sessions.session_memory import SessionInfo, SessionMemory, located
+from memory.session_memory.session_memory import SessionInfo, SessionMemory, located
 
 
 class KvRecords:

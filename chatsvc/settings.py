@@ -14,7 +14,7 @@ from engine.config import EngineConfig, resolve_device, resolve_dtype
 from engine.default_model import DEFAULT_CACHE_DIR, default_model_dir
 from engine.vllm_backend import VllmOptions
 from memory.retrieval.ingest import MAX_FILE_BYTES
-from memory.sessions.config import MemoryConfig
+from memory.session_memory.config import MemoryConfig
 
 # The session memory always keeps its attention sinks and recent window whole; a budget must exceed them.
 MIN_SESSION_BUDGET_TOKENS = MemoryConfig.sink_tokens + MemoryConfig.recent_tokens + 1

@@ -14,11 +14,14 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TypeVar
 
+import torch
+
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine, Prompt, StepUpdate
 from engine.outputs import StreamDelta
 from engine.protocol import EngineStats
 from engine.sampling_params import SamplingParams
+from engine.session_kv import SessionCache
 from engine.threads import use_default_threads
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,16 @@ class AsyncEngine:
         self.engine = built.result()  # a model that cannot load raises here
         self.model_name = Path(config.model).name
         self.max_model_len = self.engine.max_model_len
+
+    @property
+    def session_kv(self) -> SessionCache:
+        """The sessions' KV in the pool; touch it only through call / call_sync (the engine thread's)."""
+        return self.engine.session_kv
+
+    @property
+    def kv_identity(self) -> tuple[str, torch.dtype]:
+        """The model's fingerprint and the KV dtype: KV saved under another identity cannot be used."""
+        return self.engine.fingerprint, self.engine.dtype
 
     @property
     def tokenizer(self):

@@ -14,6 +14,11 @@ from engine.sequence import Sequence
 BlockKey = tuple[int | None, tuple[int, ...]]  # (parent block's hash, this block's token ids)
 
 
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks that hold `num_tokens` tokens (the last one may be part full)."""
+    return -(-num_tokens // block_size)
+
+
 @dataclass(eq=False)
 class Block:
     block_id: int
@@ -41,7 +46,7 @@ class BlockManager:
         return len(self.free_queue)
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return blocks_for(num_tokens, self.block_size)
 
     def take_cached_prefix(self, seq: Sequence) -> None:
         """Start a new (or preempted) sequence on the longest cached prefix of its tokens."""

@@ -12,6 +12,7 @@ from transformers import AutoTokenizer, GenerationConfig
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, resolve_device, resolve_dtype
 from engine.detokenizer import Detokenizer
+from engine.kv_cache import KvCache
 from engine.model_files import weight_files
 from engine.model_runner import ModelRunner
 from engine.models.decoder import ModelShape
@@ -20,7 +21,7 @@ from engine.protocol import EngineStats
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
-from engine.sessions import SessionCache
+from engine.session_kv import SessionCache
 
 Prompt = str | list[int] | dict
 
@@ -47,9 +48,10 @@ class LLMEngine:
         model = load_model(config.model, hf_config, self.dtype, self.device, self.max_model_len)
         num_blocks = config.num_kv_blocks or kv_blocks_for_memory(config, model.shape, self.dtype)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.runner = ModelRunner(model, num_blocks, config.block_size)
-        self.sessions = SessionCache(self.block_manager, self.runner)
-        self.scheduler = Scheduler(config, self.block_manager, self.sessions)
+        kv_cache = KvCache(model.shape, num_blocks, config.block_size, self.dtype, self.device)
+        self.runner = ModelRunner(model, kv_cache)
+        self.session_kv = SessionCache(self.block_manager, kv_cache)
+        self.scheduler = Scheduler(config, self.block_manager, self.session_kv)
         self.fingerprint = model_fingerprint(config.model, self.dtype)
         self.sequences: dict[str, Sequence] = {}
         self.detokenizers: dict[str, Detokenizer] = {}
@@ -136,10 +138,10 @@ class LLMEngine:
         return StepUpdate(seq, [token], detokenizer.take_new_text(reason is not None), reason is not None)
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        session = self.sessions.retain(seq) if seq.session_id is not None else None
+        session = self.session_kv.retain(seq) if seq.session_id is not None else None
         self.scheduler.finish(seq, reason)
         if session is not None:
-            self.sessions.finished_turn(session)
+            self.session_kv.finished_turn(session)
 
     def stop_reason(self, seq: Sequence, token: int, stop_string_seen: bool) -> str | None:
         params = seq.params
@@ -171,7 +173,7 @@ class LLMEngine:
             prefix_cache_hits=manager.prefix_hits,
             prompt_tokens_total=self.counters["prompt_tokens"],
             prefill_tokens_total=self.counters["prefill_tokens"],
-            session_reused_tokens=self.sessions.reused_tokens,
+            session_reused_tokens=self.session_kv.reused_tokens,
             generation_tokens_total=self.counters["generation_tokens"],
             num_preemptions=self.scheduler.num_preemptions,
             ttft_seconds=list(self.recent_ttft),
@@ -203,5 +205,5 @@ def model_fingerprint(model_dir, dtype: torch.dtype) -> str:
 
 
 def kv_blocks_for_memory(config: EngineConfig, shape: ModelShape, dtype: torch.dtype) -> int:
-    per_block = ModelRunner.bytes_per_block(shape, config.block_size, dtype)
+    per_block = KvCache.bytes_per_block(shape, config.block_size, dtype)
     return max(1, int(config.kv_cache_memory_gb * 2**30) // per_block)

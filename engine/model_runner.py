@@ -1,53 +1,33 @@
-"""Turns a scheduled step into one flat batch, runs the model over the paged KV cache, samples.
-
-It also owns the cache tensors: reading and writing arbitrary slots is how session KV is compressed,
-saved and restored.
-"""
+"""Turns a scheduled step into one flat batch, runs the model over the paged KV cache, samples."""
 
 import torch
 
+from engine.block_manager import blocks_for
 from engine.kernels import cpu_kernels
+from engine.kv_cache import KvCache
 from engine.layers.attention import AttentionMetadata, PrefillChunk
 from engine.layers.importance import ImportanceTracker
 from engine.models.decoder import CausalLM, ModelShape
 from engine.sampler import sample
-from engine.scheduler import ScheduledSeq
-from engine.sequence import Sequence
+from engine.sequence import ScheduledSeq, Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, seed: int = 0):
+    def __init__(self, model: CausalLM, kv_cache: KvCache, seed: int = 0):
         self.model = model
-        self.block_size = block_size
-        param = next(model.parameters())
-        self.device, self.dtype = param.device, param.dtype
-        shape = model.shape
-        # (layers, keys/values, blocks, kv_heads, block_size * head_dim); see layers/attention.py.
-        self.kv_cache = torch.zeros(
-            shape.num_layers,
-            2,
-            num_blocks,
-            shape.num_kv_heads,
-            block_size * shape.head_dim,
-            dtype=self.dtype,
-            device=self.device,
-        )
-        self.importance = torch.zeros(num_blocks * block_size, device=self.device)  # attention received
+        self.kv_cache = kv_cache
+        self.block_size = kv_cache.block_size
+        self.device = kv_cache.tensor.device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         if self.device.type == "cpu":
-            model.use_kernels(cpu_kernels(), attention=attention_kernels_fit(shape, block_size))
-
-    @staticmethod
-    def bytes_per_block(model_shape: ModelShape, block_size: int, dtype: torch.dtype) -> int:
-        per_token = 2 * model_shape.num_layers * model_shape.num_kv_heads * model_shape.head_dim
-        return per_token * block_size * dtype.itemsize
+            model.use_kernels(cpu_kernels(), attention=attention_kernels_fit(model.shape, self.block_size))
 
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSeq]) -> dict[Sequence, int]:
         """Compute the KV of every scheduled token; sample for sequences whose tokens are all computed."""
         batch = sorted(batch, key=lambda item: item.num_new_tokens > 1)  # single-token queries first
         input_ids, positions, meta = self.prepare(batch)
-        hidden = self.model(input_ids, positions, self.kv_cache, meta)
+        hidden = self.model(input_ids, positions, self.kv_cache.tensor, meta)
         ends = torch.tensor([item.num_new_tokens for item in batch]).cumsum(0) - 1
         samplers = [
             i
@@ -67,7 +47,7 @@ class ModelRunner:
         slot_parts = []
         meta = AttentionMetadata(torch.empty(0), torch.empty(0), num_decode_tokens=len(decodes))
         if any(item.seq.session_id is not None for item in batch):
-            meta.importance = ImportanceTracker(self.importance, self.block_size)
+            meta.importance = ImportanceTracker(self.kv_cache.importance, self.block_size)
         if decodes:
             slot_parts.append(self.prepare_decodes(decodes, meta))
         start = len(decodes)
@@ -76,7 +56,7 @@ class ModelRunner:
             first = seq.num_computed_tokens
             ids += seq.token_ids[first : first + count]
             positions += seq.positions[first : first + count]
-            block_table = torch.tensor(seq.block_table[: self.blocks_for(first + count)])
+            block_table = torch.tensor(seq.block_table[: blocks_for(first + count, self.block_size)])
             new_slots = torch.arange(first, first + count)
             slot_parts.append(
                 block_table[new_slots // self.block_size] * self.block_size + new_slots % self.block_size
@@ -99,39 +79,6 @@ class ModelRunner:
         meta.decode_block_tables = tables.to(self.device)
         meta.decode_context_lens = (new_slots + 1).to(self.device)
         return slots
-
-    def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
-
-    def slot_ids(self, block_ids: list[int], count: int) -> torch.Tensor:
-        """The first `count` slots of a block table."""
-        blocks = torch.tensor(block_ids, dtype=torch.long).repeat_interleave(self.block_size)
-        offsets = torch.arange(self.block_size).repeat(len(block_ids))
-        return (blocks * self.block_size + offsets)[:count].to(self.device)
-
-    @torch.inference_mode()
-    def read_slots(self, slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(keys, values) as (layers, slots, kv_heads, head_dim), then the slots' importance."""
-        keys, values = self.cache_views()
-        blocks, offsets = slots // self.block_size, slots % self.block_size
-        k = keys[:, blocks, :, :, offsets].transpose(0, 1)
-        v = values[:, blocks, :, offsets, :].transpose(0, 1)
-        return k, v, self.importance[slots]
-
-    @torch.inference_mode()
-    def write_slots(self, slots: torch.Tensor, k, v, importance) -> None:
-        keys, values = self.cache_views()
-        blocks, offsets = slots // self.block_size, slots % self.block_size
-        keys[:, blocks, :, :, offsets] = k.transpose(0, 1).to(self.kv_cache)
-        values[:, blocks, :, offsets, :] = v.transpose(0, 1).to(self.kv_cache)
-        self.importance[slots] = importance.to(self.importance)
-
-    def cache_views(self) -> tuple[torch.Tensor, torch.Tensor]:
-        layers, _, blocks, kv_heads, width = self.kv_cache.shape
-        head_dim = width // self.block_size
-        keys = self.kv_cache[:, 0].view(layers, blocks, kv_heads, head_dim, self.block_size)
-        values = self.kv_cache[:, 1].view(layers, blocks, kv_heads, self.block_size, head_dim)
-        return keys, values
 
 
 def attention_kernels_fit(shape: ModelShape, block_size: int) -> bool:

@@ -5,30 +5,19 @@ When the block pool runs short, the lowest-priority running sequence is preempte
 blocks go back (keeping their prefix-cache hashes) and it waits at the front of the queue.
 """
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.sequence import Sequence, Status
-
-if TYPE_CHECKING:  # sessions.py needs the model runner, which needs this module
-    from engine.sessions import SessionCache
-
-
-@dataclass
-class ScheduledSeq:
-    seq: Sequence
-    num_new_tokens: int
+from engine.sequence import ScheduledSeq, Sequence, Status
+from engine.session_kv import SessionCache
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, sessions: "SessionCache"):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, session_kv: SessionCache):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.short_first = config.scheduling_policy == "short_first"
         self.block_manager = block_manager
-        self.sessions = sessions
+        self.session_kv = session_kv
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -85,12 +74,12 @@ class Scheduler:
     def begin(self, seq: Sequence) -> None:
         """Put the KV that can be reused under the sequence: its session's, else the prefix cache's."""
         if seq.session_id is not None:
-            self.sessions.attach(seq)
+            self.session_kv.attach(seq)
         self.block_manager.take_cached_prefix(seq)
 
     def give_back(self, seq: Sequence) -> None:
-        if seq.session_id is not None and self.sessions.attached(seq):
-            self.sessions.detach(seq)
+        if seq.session_id is not None and self.session_kv.attached(seq):
+            self.session_kv.detach(seq)
         else:  # the prefix-cache blocks stay cached
             self.block_manager.free(seq)
             seq.num_computed_tokens = 0
@@ -101,14 +90,14 @@ class Scheduler:
             return
         if seq.text_start:
             seq.num_cached_tokens = seq.text_start
-            self.sessions.reused_tokens += seq.text_start
+            self.session_kv.reused_tokens += seq.text_start
         else:
             self.block_manager.record_prefix_lookup(seq)
 
     def allocate(self, seq: Sequence, count: int) -> bool:
         if self.block_manager.allocate_slots(seq, count):
             return True
-        self.sessions.make_room(
+        self.session_kv.make_room(
             self.block_manager.blocks_needed(seq.num_computed_tokens + count) - len(seq.block_table)
         )
         return self.block_manager.allocate_slots(seq, count)

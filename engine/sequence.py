@@ -86,3 +86,11 @@ class Sequence:
         self.token_ids.append(token_id)
         self.positions.append(self.positions[-1] + 1)
         self.output_token_ids.append(token_id)
+
+
+@dataclass
+class ScheduledSeq:
+    """A sequence in one step, with how many of its tokens the step computes."""
+
+    seq: Sequence
+    num_new_tokens: int

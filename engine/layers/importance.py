@@ -8,8 +8,9 @@ Two sources, both summed over layers and heads into one score per KV slot:
   few rows, since fused SDPA does not return them.
 Summed, not averaged per query that could see a slot: the mean favours recent tokens (queries look
 mostly nearby), so it dropped an early fact before the filler after it.  Attention-based eviction
-recalled the fact in 11 of 48 conversations with the sum (18 with memory/sessions/eviction.py's pooling),
-sinks + recent only in 4; with the mean, in 3 of 96 against 5 (python -m bench.eviction_quality).
+recalled the fact in 11 of 48 conversations with the sum (18 with the pooling in
+memory/session_memory/eviction.py), sinks + recent only in 4; with the mean, in 3 of 96 against 5
+(python -m bench.eviction_quality).
 The recent window keeps what the sum has not seen yet.
 """
 

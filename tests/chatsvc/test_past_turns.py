@@ -19,7 +19,9 @@ def test_sources_come_from_the_branch_being_answered(server, client):
     session_id = first.session_id
     question = server.rest("GET", f"/api/sessions/{session_id}").json()["messages"][0]
     edited = server.rest(
-        "POST", f"/api/messages/{question['id']}/edit", json={"content": "My favourite tea is green.", "max_tokens": 4}
+        "POST",
+        f"/api/messages/{question['id']}/edit",
+        json={"content": "My favourite tea is green.", "max_tokens": 4},
     )
     assert edited.status_code == 200, edited.text
     for filler in ("Name a colour.", "Name a number."):  # the edited turn leaves the latest four messages

@@ -225,15 +225,15 @@ def test_a_decode_step_in_one_call_computes_what_the_layers_compute(name, one_ca
     def both_paths(input_ids, positions, kv_caches, meta):
         if meta.prefills:
             return forward(input_ids, positions, kv_caches, meta)
-        importance_before = runner.importance.clone()
+        importance_before = runner.kv_cache.importance.clone()
         hidden = forward(input_ids, positions, kv_caches, meta)
-        one_call_importance = runner.importance.clone()
-        runner.importance.copy_(importance_before)
+        one_call_importance = runner.kv_cache.importance.clone()
+        runner.kv_cache.importance.copy_(importance_before)
         one_call, model.decode_layers = model.decode_layers, None
         expected = forward(input_ids, positions, kv_caches, meta)  # layer by layer, writing the same KV
         model.decode_layers = one_call
         assert torch.equal(hidden, expected)
-        torch.testing.assert_close(one_call_importance, runner.importance)
+        torch.testing.assert_close(one_call_importance, runner.kv_cache.importance)
         compared.append((len(input_ids), meta.importance is not None))
         return hidden
 

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.sessions import common_prefix
+from engine.session_kv import common_prefix
 from tests.chatsvc.conftest import ADMIN_KEY, MODEL, free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from engine.sessions import EvictionRecord, SessionSnapshot
-from memory.sessions import kv_files
+from engine.session_kv import EvictionRecord, SessionSnapshot
+from memory.session_memory import kv_files
 
 
 def snapshot(dtype=torch.float32) -> SessionSnapshot:

@@ -1,7 +1,7 @@
 from dataclasses import dataclass
 from pathlib import Path
 
-from memory.sessions import kv_files
+from memory.session_memory import kv_files
 
 
 @dataclass

@@ -3,7 +3,7 @@
 import asyncio
 
 from engine.sampling_params import SamplingParams
-from tests.memory.sessions.conftest import memory_for
+from tests.memory.session_memory.conftest import memory_for
 
 TOPICS = ["trains", "volcanoes", "bees", "chess", "tea", "glaciers"]
 

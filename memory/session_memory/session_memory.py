@@ -10,20 +10,38 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
-from engine.async_engine import AsyncEngine
+import torch
+
 from engine.outputs import StreamDelta
-from engine.protocol import EngineStats
+from engine.protocol import EngineClient, EngineStats
 from engine.sampling_params import SamplingParams
-from engine.sessions import EvictionRecord, SessionCache, SessionKV, SessionSnapshot
+from engine.session_kv import EvictionRecord, SessionCache, SessionKV, SessionSnapshot
 from engine.threads import single_threaded_torch, to_passing_thread
-from memory.sessions import kv_files
-from memory.sessions.config import MemoryConfig
-from memory.sessions.eviction import choose_slots
+from memory.session_memory import kv_files
+from memory.session_memory.config import MemoryConfig
+from memory.session_memory.eviction import choose_slots
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class SessionKvEngine(EngineClient, Protocol):
+    """What session memory needs of an engine (engine.AsyncEngine is one): its session KV, touched only
+    through commands run on the engine's thread, and the identity a saved KV must match."""
+
+    @property
+    def session_kv(self) -> SessionCache: ...
+
+    @property
+    def kv_identity(self) -> tuple[str, torch.dtype]: ...
+
+    async def call(self, command: Callable[[], T]) -> T: ...
+
+    def call_sync(self, command: Callable[[], T], timeout: float | None = None) -> T: ...
 
 
 @dataclass
@@ -48,14 +66,13 @@ class SessionInfo:
 
 
 class SessionMemory:
-    def __init__(self, engine: AsyncEngine, config: MemoryConfig):
+    def __init__(self, engine: SessionKvEngine, config: MemoryConfig):
         self.engine = engine
         self.config = config
         self.model_name = engine.model_name
         self.max_model_len = engine.max_model_len
-        self.cache: SessionCache = engine.engine.sessions
-        self.fingerprint = engine.engine.fingerprint
-        self.dtype = engine.engine.dtype
+        self.cache = engine.session_kv
+        self.fingerprint, self.dtype = engine.kv_identity
         self.options: dict[str, SessionOptions] = {}
         self.warnings: dict[str, str] = {}
         self.saved: dict[str, float] = {}  # session id -> last_used of the KV on disk

@@ -18,8 +18,8 @@ from typing import Protocol
 
 import torch
 
-from engine.block_manager import BlockManager
-from engine.model_runner import ModelRunner
+from engine.block_manager import BlockManager, blocks_for
+from engine.kv_cache import KvCache
 from engine.sequence import Sequence
 
 
@@ -80,9 +80,9 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class SessionCache:
-    def __init__(self, block_manager: BlockManager, runner: ModelRunner):
+    def __init__(self, block_manager: BlockManager, kv_cache: KvCache):
         self.block_manager = block_manager
-        self.runner = runner
+        self.kv_cache = kv_cache
         self.sessions: dict[str, SessionKV] = {}
         self.hooks: SessionHooks | None = None
         self.reused_tokens = 0  # prompt tokens served from session KV instead of prefill
@@ -104,7 +104,7 @@ class SessionCache:
             common_prefix(session.text_token_ids, seq.prompt_token_ids), seq.num_prompt_tokens - 1
         )
         reused = sum(1 for position in session.positions if position < text_match)
-        keep_blocks = -(-reused // self.block_size)
+        keep_blocks = blocks_for(reused, self.block_size)
         self.block_manager.release(session.block_ids[keep_blocks:])
         seq.block_table = self.copy_on_write(session.block_ids[:keep_blocks], reused)
         seq.continue_session(session.token_ids[:reused], session.positions[:reused], text_match)
@@ -137,9 +137,9 @@ class SessionCache:
         if self.block_manager.num_free_blocks == 0:
             self.make_room(1)
         copy = self.block_manager.allocate_block()
-        source = self.runner.slot_ids([last.block_id], self.block_size)
-        self.runner.write_slots(
-            self.runner.slot_ids([copy.block_id], self.block_size), *self.runner.read_slots(source)
+        source = self.kv_cache.slot_ids([last.block_id], self.block_size)
+        self.kv_cache.write_slots(
+            self.kv_cache.slot_ids([copy.block_id], self.block_size), *self.kv_cache.read_slots(source)
         )
         self.block_manager.release([last.block_id])
         return [*block_ids[:-1], copy.block_id]
@@ -156,7 +156,7 @@ class SessionCache:
             session = self.sessions[seq.session_id] = SessionKV(seq.session_id, [], [], [], [])
         self.block_manager.release(session.block_ids)
         computed = seq.num_computed_tokens
-        session.block_ids = seq.block_table[: -(-computed // self.block_size)]
+        session.block_ids = seq.block_table[: blocks_for(computed, self.block_size)]
         for block_id in session.block_ids:
             self.block_manager.acquire(self.block_manager.blocks[block_id])
         session.text_token_ids = seq.session_text()
@@ -174,8 +174,8 @@ class SessionCache:
         """The session's KV (or only the slots in `keep`) copied out of the pool."""
         session = self.idle(session_id)
         keep = list(range(session.num_slots)) if keep is None else keep
-        slots = self.runner.slot_ids(session.block_ids, session.num_slots)[keep]
-        keys, values, importance = (t.cpu().clone() for t in self.runner.read_slots(slots))
+        slots = self.kv_cache.slot_ids(session.block_ids, session.num_slots)[keep]
+        keys, values, importance = (t.cpu().clone() for t in self.kv_cache.read_slots(slots))
         return SessionSnapshot(
             session_id,
             list(session.text_token_ids),
@@ -198,8 +198,8 @@ class SessionCache:
         if needed > self.block_manager.num_free_blocks:
             return False
         block_ids = [self.block_manager.allocate_block().block_id for _ in range(needed)]
-        slots = self.runner.slot_ids(block_ids, len(snapshot.token_ids))
-        self.runner.write_slots(slots, snapshot.keys, snapshot.values, snapshot.importance)
+        slots = self.kv_cache.slot_ids(block_ids, len(snapshot.token_ids))
+        self.kv_cache.write_slots(slots, snapshot.keys, snapshot.values, snapshot.importance)
         self.sessions[snapshot.session_id] = SessionKV(
             snapshot.session_id,
             list(snapshot.text_token_ids),
@@ -227,7 +227,7 @@ class SessionCache:
     def importance(self, session_id: str) -> torch.Tensor:
         """Attention each slot received, summed over layers, heads and queries (CPU, float32)."""
         session = self.sessions[session_id]
-        return self.runner.importance[self.runner.slot_ids(session.block_ids, session.num_slots)].cpu()
+        return self.kv_cache.importance[self.kv_cache.slot_ids(session.block_ids, session.num_slots)].cpu()
 
     def drop(self, session_id: str) -> None:
         session = self.sessions.pop(session_id, None)

@@ -4,10 +4,10 @@ attention-based eviction when over it."""
 import pytest
 import torch
 
-from engine.sessions import common_prefix
+from engine.session_kv import common_prefix
 from engine.testing.oracle import DEVICE, reference_greedy
-from memory.sessions import kv_files
-from tests.memory.sessions.conftest import QUESTIONS, Conversation, memory_for
+from memory.session_memory import kv_files
+from tests.memory.session_memory.conftest import QUESTIONS, Conversation, memory_for
 
 
 @pytest.mark.parametrize("model", ["smollm2", "qwen3"])

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from memory.sessions.config import MemoryConfig
-from memory.sessions.eviction import choose_slots
+from memory.session_memory.config import MemoryConfig
+from memory.session_memory.eviction import choose_slots
 
 
 def test_everything_is_kept_within_budget():

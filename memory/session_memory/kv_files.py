@@ -15,7 +15,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from engine.sessions import EvictionRecord, SessionSnapshot
+from engine.session_kv import EvictionRecord, SessionSnapshot
 
 FORMAT = "kvchat-session-kv-2"  # 2: importance summed; no per-slot observation counts
 SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")

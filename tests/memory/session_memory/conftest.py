@@ -7,8 +7,8 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
 from engine.testing.oracle import reference_model
-from memory.sessions.config import MemoryConfig
-from memory.sessions.session_memory import SessionMemory
+from memory.session_memory.config import MemoryConfig
+from memory.session_memory.session_memory import SessionMemory
 
 SYSTEM = "You are a helpful assistant for a bookshop. The customer's order number is 58213."
 QUESTIONS = [

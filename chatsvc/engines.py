@@ -4,6 +4,7 @@ import logging
 import threading
 
 from chatsvc.errors import EngineUnavailable, NotAvailable
+from chatsvc.load_monitor import kv_pool_line, weights_line
 from chatsvc.settings import Settings
 from engine.async_engine import AsyncEngine
 from engine.model_files import check_model_dir
@@ -53,6 +54,10 @@ class EngineLoader:
         except Exception as error:
             log.exception("the engine failed to load")
             self._error = f"the engine failed to load: {error}"
+            return
+        stats = self._engine.stats()
+        if stats.dtype:
+            log.info("model loaded: weights %s; KV pool %s", weights_line(stats), kv_pool_line(stats))
 
     @property
     def state(self) -> str:

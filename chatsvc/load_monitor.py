@@ -48,8 +48,23 @@ class LoadMonitor:
             ttft_p99_s=_percentile(recent, 0.99),
             window_s=self.window_s,
             session_memory=session_memory,
+            weights=weights_line(stats),
+            kv_pool=kv_pool_line(stats),
             note=note,
         )
+
+
+def weights_line(stats: EngineStats) -> str:
+    """`bfloat16, int8 weights, 89 MB`: what the model computes in and reads per token."""
+    quantized = f", {stats.quantization} weights" if stats.quantization != "none" else ""
+    return f"{stats.dtype}{quantized}, {stats.weight_bytes / 1e6:.0f} MB" if stats.dtype else ""
+
+
+def kv_pool_line(stats: EngineStats) -> str:
+    """`bfloat16, 2147 MB, 47,000 tokens`."""
+    if not stats.kv_cache_dtype:
+        return ""
+    return f"{stats.kv_cache_dtype}, {stats.kv_pool_bytes / 1e6:.0f} MB, {stats.kv_pool_tokens:,} tokens"
 
 
 def _hit_rate(first: EngineStats, last: EngineStats) -> float | None:

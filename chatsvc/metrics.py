@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from engine.protocol import EngineStats
@@ -74,6 +74,9 @@ class EngineStatsCollector(Collector):
             "num_requests_running": ("Requests in the engine's running batch.", stats.num_running),
             "num_requests_waiting": ("Requests waiting in the engine's queue.", stats.num_waiting),
             "kv_cache_usage_perc": ("Fraction of KV cache blocks in use (0 to 1).", stats.kv_usage),
+            "weight_bytes": ("Bytes of the model's weights as the engine holds them.", stats.weight_bytes),
+            "kv_pool_bytes": ("Bytes of the KV block pool.", stats.kv_pool_bytes),
+            "kv_pool_tokens": ("Tokens the KV block pool holds.", stats.kv_pool_tokens),
         }
         counters = {
             "prefix_cache_queries": (
@@ -89,6 +92,16 @@ class EngineStatsCollector(Collector):
             "generation_tokens": ("Tokens generated.", stats.generation_tokens_total),
             "num_preemptions": ("Requests preempted to free KV cache.", stats.num_preemptions),
         }
+        info = InfoMetricFamily(PREFIX + "engine", "How the engine computes: dtypes and weight quantization.")
+        info.add_metric(
+            [],
+            {
+                "dtype": stats.dtype,
+                "quantization": stats.quantization,
+                "kv_cache_dtype": stats.kv_cache_dtype,
+            },
+        )
+        yield info
         for name, (help_text, value) in gauges.items():
             yield GaugeMetricFamily(PREFIX + name, help_text, value=value)
         for name, (help_text, value) in counters.items():

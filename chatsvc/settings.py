@@ -5,7 +5,7 @@ from pathlib import Path
 from types import NoneType, UnionType
 from typing import Literal, Union, get_args, get_origin
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     )
     device: str = Field(
         "auto", description="torch device: auto (cuda when present, else cpu), cpu, cuda, cuda:1"
+    )
+    quantization: Literal["int8"] | None = Field(
+        None, description="int8: weight-only int8, one scale per output channel (native engine); default none"
     )
     engine: Literal["native", "vllm"] = Field(
         "native",
@@ -104,6 +107,12 @@ class Settings(BaseSettings):
         "default", description="name of this app replica; each replica sharing one database needs its own"
     )
 
+    @model_validator(mode="after")
+    def _quantization_runs_on_the_engine(self) -> "Settings":
+        if self.quantization and self.engine == "vllm":
+            raise ValueError("--quantization int8 is the native engine's; vLLM loads models quantized ahead")
+        return self
+
     def model_path(self) -> Path:
         return Path(self.model).expanduser() if self.model else default_model_dir(self.model_cache_dir)
 
@@ -128,6 +137,7 @@ class Settings(BaseSettings):
             max_num_batched_tokens=self.max_num_batched_tokens,
             enable_prefix_caching=self.enable_prefix_caching,
             scheduling_policy=self.scheduling_policy,
+            quantization=self.quantization,
         )
 
     def vllm_options(self) -> VllmOptions:
@@ -192,8 +202,8 @@ def _bad_values(error: ValidationError, args: list[str]) -> list[str]:
 def _bad_value(name: str | None, problem: dict, args: list[str]) -> str:
     """`error: --port: 'abc' is not allowed: an integer from 1 to 65535`."""
     field = Settings.model_fields.get(name)
-    if field is None:  # a check across fields, not one value's: pydantic's words
-        return f"error: {problem['msg']}"
+    if field is None:  # a check across fields, not one value's: our validator's words
+        return f"error: {problem['msg'].removeprefix('Value error, ')}"
     allowed = _allowed(field) or problem["msg"]
     return f"error: {_source(name, args)}: {problem['input']!r} is not allowed: {allowed}"
 

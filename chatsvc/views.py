@@ -76,4 +76,6 @@ class EnginePanel:
     ttft_p99_s: float | None
     window_s: float
     session_memory: dict[str, int] | None  # session KV counters; None without session KV
+    weights: str = ""  # dtype, quantization and size of the weights
+    kv_pool: str = ""  # dtype, size and capacity of the KV block pool
     note: str | None = None

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from engine.quantization import QUANTIZATIONS
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 POLICIES = ("fcfs", "short_first")
 
@@ -23,10 +25,13 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"
+    quantization: str | None = None  # "int8": weight-only, one scale per output channel (vLLM's name)
 
     def __post_init__(self):
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.scheduling_policy not in POLICIES:
             raise ValueError(f"scheduling_policy must be one of {POLICIES}, got {self.scheduling_policy!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):

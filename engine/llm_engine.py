@@ -45,14 +45,24 @@ class LLMEngine:
         )
         self.tokenizer = AutoTokenizer.from_pretrained(config.model)
         self.eos_token_ids = eos_token_ids(config.model, self.tokenizer)
-        model = load_model(config.model, hf_config, self.dtype, self.device, self.max_model_len)
+        model = load_model(
+            config.model, hf_config, self.dtype, self.device, self.max_model_len, config.quantization
+        )
         num_blocks = config.num_kv_blocks or kv_blocks_for_memory(config, model.shape, self.dtype)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         kv_cache = KvCache(model.shape, num_blocks, config.block_size, self.dtype, self.device)
         self.runner = ModelRunner(model, kv_cache)
         self.session_kv = SessionCache(self.block_manager, kv_cache)
         self.scheduler = Scheduler(config, self.block_manager, self.session_kv)
-        self.fingerprint = model_fingerprint(config.model, self.dtype)
+        self.fingerprint = model_fingerprint(config.model, self.dtype, config.quantization)
+        self.memory_figures = {
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "quantization": config.quantization or "none",
+            "kv_cache_dtype": str(kv_cache.tensor.dtype).removeprefix("torch."),
+            "weight_bytes": model.weight_bytes(),
+            "kv_pool_bytes": kv_cache.tensor.nbytes,
+            "kv_pool_tokens": num_blocks * config.block_size,
+        }
         self.sequences: dict[str, Sequence] = {}
         self.detokenizers: dict[str, Detokenizer] = {}
         self.counters = {"prompt_tokens": 0, "prefill_tokens": 0, "generation_tokens": 0}
@@ -178,6 +188,7 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             ttft_seconds=list(self.recent_ttft),
             itl_seconds=list(self.recent_itl),
+            **self.memory_figures,
         )
 
 
@@ -192,9 +203,10 @@ def eos_token_ids(model_dir, tokenizer) -> set[int]:
     return ids
 
 
-def model_fingerprint(model_dir, dtype: torch.dtype) -> str:
-    """Identifies the weights and dtype that KV was computed with, so saved KV is never mixed up."""
-    digest = hashlib.sha256(str(dtype).encode())
+def model_fingerprint(model_dir, dtype: torch.dtype, quantization: str | None = None) -> str:
+    """Identifies the weights, their quantization and the dtype that KV was computed with, so saved KV is
+    never mixed up."""
+    digest = hashlib.sha256(f"{dtype} {quantization}".encode() if quantization else str(dtype).encode())
     folder = Path(model_dir)
     digest.update((folder / "config.json").read_bytes())
     for file in weight_files(folder):

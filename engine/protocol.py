@@ -23,6 +23,12 @@ class EngineStats:
     num_preemptions: int = 0
     ttft_seconds: list[float] = field(default_factory=list)  # recent requests, oldest first
     itl_seconds: list[float] = field(default_factory=list)  # recent inter-token gaps
+    dtype: str = ""  # the compute dtype
+    quantization: str = "none"  # of the weights
+    kv_cache_dtype: str = ""
+    weight_bytes: int = 0
+    kv_pool_bytes: int = 0
+    kv_pool_tokens: int = 0  # tokens the KV block pool holds
 
     @property
     def kv_usage(self) -> float:

@@ -7,7 +7,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_pv", &kvchat::paged_pv, "probabilities times values over the paged cache");
   m.def("paged_prefill_attention", &kvchat::paged_prefill_attention,
         "a prefill chunk's attention over the paged cache, and the attention its last rows gave each token");
-  m.def("few_rows_linear", &kvchat::few_rows_linear, "x @ weight.T + bias, for a few rows of x");
+  m.def("few_rows_linear", &kvchat::few_rows_linear, "x @ weight.T + bias for a few rows of x (int8 weights: with scale)",
+        py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("scale") = py::none());
   m.def("rms_norm", &kvchat::rms_norm, "transformers' RMSNorm");
   m.def("add_rms_norm", &kvchat::add_rms_norm, "residual += x, then x = RMSNorm(residual), in place");
   m.def("rotary", &kvchat::rotary, "rotary embedding of q and k in place (rotate-half layout)");
@@ -17,12 +18,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init([](torch::Tensor input_norm, torch::Tensor qkv, torch::Tensor o, torch::Tensor post_norm,
                        torch::Tensor gate_up, torch::Tensor down, std::optional<torch::Tensor> qkv_bias,
                        std::optional<torch::Tensor> o_bias, std::optional<torch::Tensor> q_norm,
-                       std::optional<torch::Tensor> k_norm) {
-             return kvchat::LayerWeights{input_norm, qkv, o, post_norm, gate_up, down, qkv_bias, o_bias, q_norm, k_norm};
+                       std::optional<torch::Tensor> k_norm, std::optional<torch::Tensor> qkv_scale,
+                       std::optional<torch::Tensor> o_scale, std::optional<torch::Tensor> gate_up_scale,
+                       std::optional<torch::Tensor> down_scale) {
+             return kvchat::LayerWeights{input_norm, qkv,    o,      post_norm, gate_up,       down,
+                                         qkv_bias,   o_bias, q_norm, k_norm,    qkv_scale,     o_scale,
+                                         gate_up_scale, down_scale};
            }),
            py::arg("input_norm"), py::arg("qkv"), py::arg("o"), py::arg("post_norm"), py::arg("gate_up"),
            py::arg("down"), py::arg("qkv_bias") = py::none(), py::arg("o_bias") = py::none(),
-           py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none());
+           py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(), py::arg("qkv_scale") = py::none(),
+           py::arg("o_scale") = py::none(), py::arg("gate_up_scale") = py::none(),
+           py::arg("down_scale") = py::none());
   py::class_<kvchat::DecodeLayers>(m, "DecodeLayers")
       .def(py::init<std::vector<kvchat::LayerWeights>, int64_t, int64_t, int64_t, double, torch::Tensor,
                     torch::Tensor, int64_t>(),

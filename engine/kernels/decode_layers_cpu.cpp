@@ -11,6 +11,17 @@
 #include "kernels.h"
 
 namespace kvchat {
+namespace {
+
+// engine/quantization.py's int8_linear, op for op: torch's product in x's dtype, scale and bias in float32.
+torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scale,
+                          const std::optional<torch::Tensor>& bias) {
+  torch::Tensor out = at::linear(x, q.to(x.scalar_type())) * scale;
+  if (bias.has_value()) out = out + *bias;
+  return out.to(x.scalar_type());
+}
+
+}  // namespace
 
 DecodeLayers::DecodeLayers(std::vector<LayerWeights> layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
                            double eps, torch::Tensor cos, torch::Tensor sin, int64_t max_kernel_rows)
@@ -36,8 +47,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
   const int64_t max_context = block_tables.size(1) * block_size;
   const double scale = std::pow(static_cast<double>(head_dim), -0.5);  // as Python's head_dim ** -0.5
   const auto linear = [&](const torch::Tensor& input, const torch::Tensor& weight,
-                          const std::optional<torch::Tensor>& bias) {
-    return rows <= max_kernel_rows_ ? few_rows_linear(input, weight, bias) : at::linear(input, weight, bias);
+                          const std::optional<torch::Tensor>& bias, const std::optional<torch::Tensor>& scale) {
+    if (rows <= max_kernel_rows_) return few_rows_linear(input, weight, bias, scale);
+    return scale.has_value() ? int8_linear(input, weight, *scale, bias) : at::linear(input, weight, bias);
   };
   torch::Tensor received;
   if (sum_attention) received = torch::zeros({rows, max_context}, x.options().dtype(torch::kFloat));
@@ -45,7 +57,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
     const LayerWeights& w = layers_[i];
     const torch::Tensor layer_cache = kv_cache[i];
     add_rms_norm(x, residual, w.input_norm, eps_);
-    const auto qkv = linear(x, w.qkv, w.qkv_bias).split(
+    const auto qkv = linear(x, w.qkv, w.qkv_bias, w.qkv_scale).split(
         {heads_ * head_dim, kv_heads_ * head_dim, kv_heads_ * head_dim}, -1);
     torch::Tensor q = qkv[0].view({rows, heads_, head_dim}), k = qkv[1].view({rows, kv_heads_, head_dim});
     const torch::Tensor v = qkv[2].view({rows, kv_heads_, head_dim});
@@ -60,10 +72,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
     const torch::Tensor probs =
         paged_qk(q, keys, block_tables, context_lens, max_context, scale).softmax(-1);
     if (sum_attention) received.add_(probs.sum(1));
-    x = linear(paged_pv(probs, values, block_tables, context_lens).flatten(1), w.o, w.o_bias);
+    x = linear(paged_pv(probs, values, block_tables, context_lens).flatten(1), w.o, w.o_bias, w.o_scale);
     add_rms_norm(x, residual, w.post_norm, eps_);
-    const auto gate_up = linear(x, w.gate_up, std::nullopt).chunk(2, -1);
-    x = linear(at::silu(gate_up[0]) * gate_up[1], w.down, std::nullopt);
+    const auto gate_up = linear(x, w.gate_up, std::nullopt, w.gate_up_scale).chunk(2, -1);
+    x = linear(at::silu(gate_up[0]) * gate_up[1], w.down, std::nullopt, w.down_scale);
   }
   return {x, residual, received};
 }

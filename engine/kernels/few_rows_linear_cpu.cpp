@@ -6,8 +6,10 @@
 // step and multiplied with all of x's rows while it sits in registers: x's rows stay in L1, weight rows
 // stream from memory, and torch's threads split the output columns.
 //
-// x (rows, in) and weight (out, in), contiguous, the same dtype.  x is converted to float32 once per call,
-// bf16 weights are widened in registers (load_pair in simd.h), and accumulation is in float32.
+// x (rows, in) and weight (out, in), contiguous: the same dtype, or int8 weights with a float32 scale per
+// output channel (engine/quantization.py), applied to each finished dot product.  x is converted to
+// float32 once per call, bf16 and int8 weights are widened in registers (load_pair in simd.h), and
+// accumulation is in float32.
 #include <ATen/Parallel.h>
 
 #include "kernels.h"
@@ -19,10 +21,10 @@ namespace {
 constexpr int64_t kColumns = 16;  // output columns per work item: a multiple of every TILE below
 
 // Dot products of ROWS rows of x with TILE consecutive weight rows starting at `column`.  x is in float32,
-// each run of 2 * kLanes values in load_pair's order (paired_rows), so only the weights are converted.
-template <typename T, int ROWS, int TILE>
-void tile(const float* x, const T* weight, const float* bias, T* out, int64_t in, int64_t out_features,
-          int64_t column) {
+// each run of 2 * kLanes values in load_pair's order for W (paired_rows), so only the weights are converted.
+template <typename T, typename W, int ROWS, int TILE>
+void tile(const float* x, const W* weight, const float* bias, const float* scale, T* out, int64_t in,
+          int64_t out_features, int64_t column) {
   // Two accumulators per dot product where there are too few to hide the latency of a chain of FMAs.
   constexpr int CHAINS = ROWS * TILE >= 8 ? 1 : 2;
   vfloat acc[ROWS][TILE][CHAINS] = {};
@@ -44,6 +46,7 @@ void tile(const float* x, const T* weight, const float* bias, T* out, int64_t in
       float sum = horizontal_sum(CHAINS == 1 ? acc[r][t][0] : acc[r][t][0] + acc[r][t][CHAINS - 1]);
       for (int64_t tail = k; tail < in; ++tail)
         sum += x[r * in + tail] * static_cast<float>(weight[(column + t) * in + tail]);
+      if (scale != nullptr) sum *= scale[column + t];
       if (bias != nullptr) sum += bias[column + t];
       out[r * out_features + column + t] = static_cast<T>(sum);
     }
@@ -54,13 +57,14 @@ void tile(const float* x, const T* weight, const float* bias, T* out, int64_t in
 // and read the weights one row at a time, in address order, which the hardware prefetchers follow best
 // (all of SmolLM2's bf16 layers at one row: 10-11 ms, against 16 ms reading 8 weight rows side by side).
 // Four rows of x take two weight rows at a time, as many accumulators as AVX2 has registers for.
-template <typename T, int ROWS>
-void columns(const float* x, const T* weight, const float* bias, T* out, int64_t in, int64_t out_features,
-             int64_t column, int64_t count) {
+template <typename T, typename W, int ROWS>
+void columns(const float* x, const W* weight, const float* bias, const float* scale, T* out, int64_t in,
+             int64_t out_features, int64_t column, int64_t count) {
   constexpr int TILE = ROWS < 4 ? 1 : 2;
   int64_t c = 0;
-  for (; c + TILE <= count; c += TILE) tile<T, ROWS, TILE>(x, weight, bias, out, in, out_features, column + c);
-  for (; c < count; ++c) tile<T, ROWS, 1>(x, weight, bias, out, in, out_features, column + c);
+  for (; c + TILE <= count; c += TILE)
+    tile<T, W, ROWS, TILE>(x, weight, bias, scale, out, in, out_features, column + c);
+  for (; c < count; ++c) tile<T, W, ROWS, 1>(x, weight, bias, scale, out, in, out_features, column + c);
 }
 
 // x in float32, each whole run of 2 * kLanes values in load_pair's order for T: floats as they are.
@@ -84,9 +88,9 @@ torch::Tensor paired_rows(const torch::Tensor& x) {
   return paired;
 }
 
-template <typename T>
-void linear(const float* x, const T* weight, const float* bias, T* out, int64_t rows, int64_t in,
-            int64_t out_features) {
+template <typename T, typename W>
+void linear(const float* x, const W* weight, const float* bias, const float* scale, T* out, int64_t rows,
+            int64_t in, int64_t out_features) {
   const int64_t items = (out_features + kColumns - 1) / kColumns;
   at::parallel_for(0, items, 4, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
@@ -94,33 +98,51 @@ void linear(const float* x, const T* weight, const float* bias, T* out, int64_t 
       // The item's weight rows stay in L1/L2 while every group of four rows of x passes over them.
       int64_t r = 0;
       for (; r + 4 <= rows; r += 4)
-        columns<T, 4>(x + r * in, weight, bias, out + r * out_features, in, out_features, column, count);
+        columns<T, W, 4>(x + r * in, weight, bias, scale, out + r * out_features, in, out_features, column, count);
       const float* x_rest = x + r * in;
       T* out_rest = out + r * out_features;
       switch (rows - r) {
-        case 1: columns<T, 1>(x_rest, weight, bias, out_rest, in, out_features, column, count); break;
-        case 2: columns<T, 2>(x_rest, weight, bias, out_rest, in, out_features, column, count); break;
-        case 3: columns<T, 3>(x_rest, weight, bias, out_rest, in, out_features, column, count); break;
+        case 1: columns<T, W, 1>(x_rest, weight, bias, scale, out_rest, in, out_features, column, count); break;
+        case 2: columns<T, W, 2>(x_rest, weight, bias, scale, out_rest, in, out_features, column, count); break;
+        case 3: columns<T, W, 3>(x_rest, weight, bias, scale, out_rest, in, out_features, column, count); break;
       }
     }
   });
 }
 
+std::optional<torch::Tensor> as_float(const std::optional<torch::Tensor>& tensor) {
+  if (!tensor.has_value()) return std::nullopt;
+  return tensor->to(torch::kFloat).contiguous();
+}
+
+const float* data_or_null(const std::optional<torch::Tensor>& tensor) {
+  return tensor.has_value() ? tensor->data_ptr<float>() : nullptr;
+}
+
 }  // namespace
 
-torch::Tensor few_rows_linear(torch::Tensor x, torch::Tensor weight, std::optional<torch::Tensor> bias) {
+torch::Tensor few_rows_linear(torch::Tensor x, torch::Tensor weight, std::optional<torch::Tensor> bias,
+                              std::optional<torch::Tensor> scale) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "x (rows, in), weight (out, in)");
-  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "x and weight must have the same dtype");
+  const bool quantized = weight.scalar_type() == torch::kChar;
+  TORCH_CHECK(quantized || x.scalar_type() == weight.scalar_type(), "x and weight must have the same dtype");
+  TORCH_CHECK(quantized == scale.has_value(), "int8 weights need a scale per output channel, others none");
+  TORCH_CHECK(!quantized || scale->numel() == weight.size(0), "one scale per output channel");
   TORCH_CHECK(weight.is_contiguous(), "weight must be contiguous");
   x = x.contiguous();
-  torch::Tensor bias_float;
-  if (bias.has_value()) bias_float = bias->to(torch::kFloat).contiguous();
-  const float* bias_data = bias.has_value() ? bias_float.data_ptr<float>() : nullptr;
+  const auto bias_float = as_float(bias), scale_float = as_float(scale);
   auto out = torch::empty({x.size(0), weight.size(0)}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "few_rows_linear", [&] {
-    const torch::Tensor paired = paired_rows<scalar_t>(x);
-    linear<scalar_t>(paired.data_ptr<float>(), weight.data_ptr<scalar_t>(), bias_data, out.data_ptr<scalar_t>(),
-                     x.size(0), x.size(1), weight.size(0));
+    if (quantized) {  // int8 widens in order, as floats do
+      const torch::Tensor x_float = x.to(torch::kFloat).contiguous();
+      linear<scalar_t, int8_t>(x_float.data_ptr<float>(), weight.data_ptr<int8_t>(), data_or_null(bias_float),
+                               data_or_null(scale_float), out.data_ptr<scalar_t>(), x.size(0), x.size(1),
+                               weight.size(0));
+    } else {
+      const torch::Tensor paired = paired_rows<scalar_t>(x);
+      linear<scalar_t, scalar_t>(paired.data_ptr<float>(), weight.data_ptr<scalar_t>(), data_or_null(bias_float),
+                                 nullptr, out.data_ptr<scalar_t>(), x.size(0), x.size(1), weight.size(0));
+    }
   });
   return out;
 }

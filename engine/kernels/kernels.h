@@ -21,8 +21,10 @@ std::tuple<torch::Tensor, torch::Tensor> paged_prefill_attention(torch::Tensor q
                                                                  torch::Tensor v_cache, torch::Tensor block_table,
                                                                  int64_t cached, double scale, int64_t window);
 
-// x @ weight.T + bias for a few rows of x (few_rows_linear_cpu.cpp).
-torch::Tensor few_rows_linear(torch::Tensor x, torch::Tensor weight, std::optional<torch::Tensor> bias);
+// x @ weight.T + bias for a few rows of x; int8 weights come with a scale per output channel, as
+// x @ (weight * scale).T + bias (few_rows_linear_cpu.cpp).
+torch::Tensor few_rows_linear(torch::Tensor x, torch::Tensor weight, std::optional<torch::Tensor> bias,
+                              std::optional<torch::Tensor> scale);
 
 // Per-layer operations of a decode step (layer_ops_cpu.cpp); rotary and the residual update work in place.
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
@@ -31,10 +33,12 @@ void rotary(torch::Tensor q, torch::Tensor k, torch::Tensor positions, torch::Te
 void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor layer_cache, torch::Tensor slot_blocks,
               torch::Tensor slot_offsets);
 
-// One decoder layer's weights, as models/decoder.py holds them (qkv and gate_up fused).
+// One decoder layer's weights, as models/decoder.py holds them (qkv and gate_up fused).  With int8
+// weights, each linear layer's scale per output channel.
 struct LayerWeights {
   torch::Tensor input_norm, qkv, o, post_norm, gate_up, down;
   std::optional<torch::Tensor> qkv_bias, o_bias, q_norm, k_norm;  // Qwen2's biases, Qwen3's per-head norms
+  std::optional<torch::Tensor> qkv_scale, o_scale, gate_up_scale, down_scale;
 };
 
 // A decode step's pass through every decoder layer (decode_layers_cpu.cpp).

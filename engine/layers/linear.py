@@ -3,6 +3,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import cpu_has_bf16_units
+from engine.quantization import int8_linear, quantize_int8
 
 
 def max_kernel_rows(dtype: torch.dtype) -> int:
@@ -27,10 +28,19 @@ class Linear(nn.Linear):
 
     kernels = None
     max_kernel_rows = 0  # set with the kernels, for the model's dtype
+    # With int8 weights (quantize_int8_), the float32 scale per output channel.  A plain attribute, not a
+    # buffer: the model's .to(dtype) would round a buffer to bf16.
+    weight_scale: torch.Tensor | None = None
+
+    def quantize_int8_(self) -> None:
+        q, self.weight_scale = quantize_int8(self.weight.detach())
+        self.weight = nn.Parameter(q, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernels is not None and x.shape[0] <= self.max_kernel_rows:
-            return self.kernels.few_rows_linear(x, self.weight, self.bias)
+            return self.kernels.few_rows_linear(x, self.weight, self.bias, self.weight_scale)
+        if self.weight_scale is not None:
+            return int8_linear(x, self.weight, self.weight_scale, self.bias)
         if x.dtype == torch.bfloat16 and x.device.type == "cpu" and not cpu_has_bf16_units():
             return widened_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)

@@ -117,6 +117,20 @@ class CausalLM(nn.Module):
         if shape.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    def quantize_int8_(self) -> None:
+        """Weight-only int8 for the decoder layers' linear layers; the embeddings and lm_head stay in the
+        compute dtype (README, INT8)."""
+        for module in self.layers.modules():
+            if isinstance(module, Linear):
+                module.quantize_int8_()
+
+    def weight_bytes(self) -> int:
+        """Bytes of every parameter (a tied lm_head counted once) and int8 scale."""
+        scales = [
+            m.weight_scale for m in self.modules() if isinstance(m, Linear) and m.weight_scale is not None
+        ]
+        return sum(t.nbytes for t in [*self.parameters(), *scales])
+
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states (tokens, hidden) after the final norm."""
         x = self.embed_tokens(input_ids)
@@ -173,6 +187,10 @@ class CausalLM(nn.Module):
                 o_bias=attention.o_proj.bias,
                 q_norm=attention.q_norm.weight if shape.qk_norm else None,
                 k_norm=attention.k_norm.weight if shape.qk_norm else None,
+                qkv_scale=attention.qkv_proj.weight_scale,
+                o_scale=attention.o_proj.weight_scale,
+                gate_up_scale=mlp.gate_up_proj.weight_scale,
+                down_scale=mlp.down_proj.weight_scale,
             )
 
         return kernels.DecodeLayers(

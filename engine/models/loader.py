@@ -32,7 +32,12 @@ def load_hf_config(folder: str | Path):
 
 
 def load_model(
-    folder: str | Path, config, dtype: torch.dtype, device: torch.device, max_len: int
+    folder: str | Path,
+    config,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_len: int,
+    quantization: str | None = None,
 ) -> CausalLM:
     with torch.device("meta"):
         model = CausalLM(config, max_len)
@@ -41,6 +46,8 @@ def load_model(
     load_weights(model, Path(folder), device)
     if model.shape.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
+    if quantization == "int8":  # from the checkpoint's values, before rounding to the compute dtype
+        model.quantize_int8_()
     return model.to(dtype).eval()
 
 

@@ -4,12 +4,21 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine.config import resolve_device
+from engine.quantization import dequantize_int8, quantize_int8
 
 DEVICE = resolve_device("auto")
 
 
-def reference_model(model_dir, dtype=torch.float32):
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(DEVICE)
+def reference_model(model_dir, dtype=torch.float32, quantization: str | None = None):
+    """With quantization "int8", the decoder layers' linear weights are what our int8 layers compute with
+    (quantized and dequantized again), so the oracle holds for our int8 engine too."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(DEVICE)
+    if quantization == "int8":
+        with torch.no_grad():
+            for module in model.model.layers.modules():
+                if isinstance(module, torch.nn.Linear):
+                    module.weight.copy_(dequantize_int8(*quantize_int8(module.weight)))
+    return model
 
 
 def reference_greedy(model, prompt_ids: list[int], max_new_tokens: int, **options) -> list[int]:

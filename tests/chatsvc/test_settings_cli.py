@@ -65,6 +65,11 @@ def test_app_names_a_bad_environment_variable():
         ),
         (["--kv-cache-gb", "0"], "error: --kv-cache-gb: '0' is not allowed: a number that is greater than 0"),
         (["--port=70000"], "error: --port: '70000' is not allowed: an integer from 1 to 65535"),
+        (["--quantization", "int4"], "error: --quantization: 'int4' is not allowed: one of int8"),
+        (
+            ["--quantization", "int8", "--engine", "vllm"],
+            "error: --quantization int8 is the native engine's; vLLM loads models quantized ahead",
+        ),
     ],
 )
 def test_settings_from_cli_describes_the_field_constraints(args, line, capsys):

@@ -5,9 +5,11 @@ from engine.testing.oracle import reference_greedy, reference_model
 from engine.testing.prompts import chat_prompts
 
 
-def reference_greedy_batch(model_dir, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
+def reference_greedy_batch(
+    model_dir, prompts: list[str], max_new_tokens: int, quantization: str | None = None
+) -> list[list[int]]:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = reference_model(model_dir)
+    model = reference_model(model_dir, quantization=quantization)
     return [
         reference_greedy(model, tokenizer.encode(prompt, add_special_tokens=False), max_new_tokens)
         for prompt in prompts
@@ -21,17 +23,18 @@ def model_dirs(smollm2_dir, tiny_model_dirs):
 
 @pytest.fixture(scope="session")
 def oracle(model_dirs):
-    """Per model: (prompts, transformers' greedy tokens), computed once per test session."""
+    """Per model and quantization: (prompts, transformers' greedy tokens), computed once a session."""
     cache = {}
 
-    def get(name: str, max_new_tokens: int = 24):
-        if (name, max_new_tokens) not in cache:
+    def get(name: str, max_new_tokens: int = 24, quantization: str | None = None):
+        key = name, max_new_tokens, quantization
+        if key not in cache:
             tokenizer = AutoTokenizer.from_pretrained(model_dirs[name])
             prompts = chat_prompts(tokenizer)
-            cache[name, max_new_tokens] = (
+            cache[key] = (
                 prompts,
-                reference_greedy_batch(model_dirs[name], prompts, max_new_tokens),
+                reference_greedy_batch(model_dirs[name], prompts, max_new_tokens, quantization),
             )
-        return cache[name, max_new_tokens]
+        return cache[key]
 
     return get

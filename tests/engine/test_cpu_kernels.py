@@ -117,9 +117,12 @@ def test_prefill_paths_match_plain_attention(heads, kv_heads, head_dim, chunk, c
         assert store.sum() == pytest.approx(store[slots].sum())  # nothing outside the context
 
 
-def test_the_engine_uses_the_kernels_and_the_torch_path_gives_the_same_tokens(smollm2_dir, oracle):
-    prompts, expected = oracle("smollm2", 24)
-    llm = LLM(str(smollm2_dir), dtype="float32", num_kv_blocks=512)
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_the_engine_uses_the_kernels_and_the_torch_path_gives_the_same_tokens(
+    smollm2_dir, oracle, quantization
+):
+    prompts, expected = oracle("smollm2", 24, quantization)
+    llm = LLM(str(smollm2_dir), dtype="float32", quantization=quantization, num_kv_blocks=512)
     model = llm.engine.runner.model
     assert model.layers[0].self_attn.kernels is not None and model.lm_head.kernels is not None
     model.use_kernels(None, attention=False)  # what a CUDA device (or a machine without a compiler) runs
@@ -215,9 +218,13 @@ def one_call_model_dirs(smollm2_dir, tiny_model_dirs, tmp_path_factory):
     return {"smollm2": smollm2_dir, "qwen2": qwen2, "qwen3": tiny_model_dirs["qwen3"]}
 
 
+@pytest.mark.parametrize("quantization", [None, "int8"])
 @pytest.mark.parametrize("name", ["smollm2", "qwen2", "qwen3"])
-def test_a_decode_step_in_one_call_computes_what_the_layers_compute(name, one_call_model_dirs):
-    engine = LLMEngine(EngineConfig(model=one_call_model_dirs[name], dtype="float32", num_kv_blocks=64))
+def test_a_decode_step_in_one_call_computes_what_the_layers_compute(name, quantization, one_call_model_dirs):
+    config = EngineConfig(
+        model=one_call_model_dirs[name], dtype="float32", quantization=quantization, num_kv_blocks=64
+    )
+    engine = LLMEngine(config)
     runner, model = engine.runner, engine.runner.model
     assert model.decode_layers is not None
     forward, compared = model.forward, []

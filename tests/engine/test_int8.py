@@ -1,0 +1,79 @@
+"""Weight-only int8: the quantization round trip, every product path against a float reference computed
+from the dequantized weights, and the engine's option checks."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import LLM, SamplingParams
+from engine.config import EngineConfig
+from engine.kernels import cpu_kernels
+from engine.quantization import dequantize_int8, int8_linear, quantize_int8
+
+
+def test_quantizing_rounds_each_weight_to_the_nearest_step_of_its_row():
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(64, 300, generator=generator) * torch.logspace(-3, 1, 64)[:, None]
+    weight[5] = 0
+    q, scale = quantize_int8(weight)
+    assert q.dtype == torch.int8 and scale.dtype == torch.float32 and scale.shape == (64,)
+    assert q.abs().max() == 127 and scale[5] == 1 and (q[5] == 0).all()
+    error = (dequantize_int8(q, scale) - weight).abs()
+    assert (error <= scale[:, None] / 2 * (1 + 1e-6)).all()
+    assert (q.abs().amax(dim=1)[torch.arange(64) != 5] == 127).all()  # every row uses its whole range
+
+
+def products(kernels):
+    """Each way a quantized layer can compute: our kernel (decode steps) and torch's product (the rest)."""
+    paths = [("torch", lambda x, q, scale, bias: int8_linear(x, q, scale, bias))]
+    if kernels is not None:
+        paths.append(("kernel", lambda x, q, scale, bias: kernels.few_rows_linear(x, q, bias, scale)))
+    return paths
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 11, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_products_match_the_dequantized_weights(rows, dtype):
+    generator = torch.Generator().manual_seed(rows)
+    for in_features, out_features in [(576, 960), (100, 37), (120, 5)]:  # the tails past whole vectors
+        x = torch.randn(rows, in_features, generator=generator).to(dtype)
+        q, scale = quantize_int8(torch.randn(out_features, in_features, generator=generator))
+        bias = torch.randn(out_features, generator=generator).to(dtype)
+        weight = dequantize_int8(q, scale)
+        tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+        for name, product in products(cpu_kernels()):
+            for with_bias in (bias, None):
+                got = product(x, q, scale, with_bias)
+                want = F.linear(x.float(), weight, None if with_bias is None else with_bias.float())
+                assert got.dtype == dtype and got.shape == (rows, out_features), name
+                torch.testing.assert_close(
+                    got.float(), want, atol=tolerance * in_features**0.5, rtol=tolerance, msg=name
+                )
+
+
+def test_the_kernel_refuses_int8_weights_without_their_scales():
+    kernels = cpu_kernels()
+    if kernels is None:
+        pytest.skip("no C++ compiler")
+    q, scale = quantize_int8(torch.randn(8, 32))
+    with pytest.raises(RuntimeError, match="scale per output channel"):
+        kernels.few_rows_linear(torch.randn(1, 32), q, None)
+    with pytest.raises(RuntimeError, match="one scale per output channel"):
+        kernels.few_rows_linear(torch.randn(1, 32), q, None, scale[:4])
+
+
+def test_an_unknown_quantization_is_refused_by_name(smollm2_dir):
+    with pytest.raises(ValueError, match=r"quantization must be one of \('int8',\), got 'int4'"):
+        EngineConfig(model=smollm2_dir, quantization="int4")
+
+
+def test_int8_weights_are_int8_with_embeddings_and_lm_head_in_the_compute_dtype(smollm2_dir):
+    llm = LLM(str(smollm2_dir), dtype="bfloat16", quantization="int8", num_kv_blocks=64)
+    model = llm.engine.runner.model
+    layer = model.layers[0]
+    linears = [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj]
+    assert all(m.weight.dtype == torch.int8 and m.weight_scale.dtype == torch.float32 for m in linears)
+    assert model.embed_tokens.weight.dtype == model.lm_head.weight.dtype == torch.bfloat16
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    reply = llm.chat(question, SamplingParams(temperature=0, max_tokens=8))
+    assert "Paris" in reply[0].outputs[0].text

@@ -21,8 +21,13 @@ ROWS = [  # (label, scenario, metric)
     ("mixed load, short requests' p95 latency (s), FCFS", "mixed_fcfs", "short_latency_p95_s"),
     ("the same with our short-first policy", "mixed_short_first", "short_latency_p95_s"),
 ]
-ENGINES = ("ours", "vllm", "transformers")
-NAMES = {"ours": "ours", "vllm": "vLLM CPU", "transformers": "transformers"}
+ENGINES = ("ours", "ours_int8", "vllm", "transformers")
+NAMES = {
+    "ours": "ours",
+    "ours_int8": "ours, int8 weights",
+    "vllm": "vLLM CPU",
+    "transformers": "transformers",
+}
 
 
 def cell(spread: dict | None, unit: str = "") -> str:
@@ -48,8 +53,13 @@ def machine_line(results: dict) -> str:
 
 def write_report(results: dict, plot: Path) -> str:
     engines = [engine for engine in ENGINES if engine in results["engines"]]
-    peers = [peer for peer in engines if peer != "ours"]
-    header = ["", *(NAMES[engine] for engine in engines), *(f"ours vs {NAMES[peer]}" for peer in peers)]
+    base = results.get("base", "ours")
+    peers = [peer for peer in engines if peer != base]
+    header = [
+        "",
+        *(NAMES[engine] for engine in engines),
+        *(f"{NAMES[base]} vs {NAMES[peer]}" for peer in peers),
+    ]
     lines = [machine_line(results), "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for label, scenario, metric in ROWS:
         figures = [results["engines"][engine].get(scenario, {}).get(metric) for engine in engines]
@@ -63,11 +73,11 @@ def write_report(results: dict, plot: Path) -> str:
         f"\nBatch-1 memory-bandwidth limit: {limit['weight_bytes'] / 1e6:.0f} MB of weights per token over "
         f"{results['machine']['read_bandwidth_gb_s']} GB/s = {limit['tokens_per_s']:.0f} tok/s."
     )
-    plot_ratios(results, peers, plot)
+    plot_ratios(results, base, peers, plot)
     return "\n".join(lines)
 
 
-def plot_ratios(results: dict, peers: list[str], plot: Path) -> None:
+def plot_ratios(results: dict, base: str, peers: list[str], plot: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,7 +98,7 @@ def plot_ratios(results: dict, peers: list[str], plot: Path) -> None:
     axis.axhline(1.0, color="grey", linewidth=1)
     labels = [textwrap.fill(label.replace(" (s)", ""), 16) for label, _, _ in rows]
     axis.set_xticks([i + width * (len(peers) - 1) / 2 for i in range(len(rows))], labels, fontsize=7)
-    axis.set_ylabel("our engine's advantage (x, higher is better)")
+    axis.set_ylabel(f"{NAMES[base]}: advantage (x, higher is better)")
     machine = results["machine"]
     axis.set_title(
         f"SmolLM2-135M, {results['dtype']}, {machine['cpu']}, {machine['cores']} cores", fontsize=9

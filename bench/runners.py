@@ -25,11 +25,17 @@ class Timing:
 
 
 class OursRunner:
+    quantization: str | None = None
+
     def __init__(self, model: str, dtype: str, policy: str = "fcfs", max_num_seqs: int = 64):
         from engine.config import EngineConfig
 
         self.config = EngineConfig(
-            model=model, dtype=dtype, scheduling_policy=policy, max_num_seqs=max_num_seqs
+            model=model,
+            dtype=dtype,
+            scheduling_policy=policy,
+            max_num_seqs=max_num_seqs,
+            quantization=self.quantization,
         )
         self.llm = None
         self.engine = None
@@ -176,7 +182,16 @@ class TransformersRunner:
         pass
 
 
-RUNNERS = {"ours": OursRunner, "vllm": VllmRunner, "transformers": TransformersRunner}
+class OursInt8Runner(OursRunner):
+    quantization = "int8"
+
+
+RUNNERS = {
+    "ours": OursRunner,
+    "ours_int8": OursInt8Runner,
+    "vllm": VllmRunner,
+    "transformers": TransformersRunner,
+}
 
 
 async def replay(runner, requests: list[Request]) -> list[Timing]:

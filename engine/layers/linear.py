@@ -6,14 +6,18 @@ from engine.config import cpu_has_bf16_units
 from engine.quantization import int8_linear, quantize_int8
 
 
-def max_kernel_rows(dtype: torch.dtype) -> int:
+def max_kernel_rows(dtype: torch.dtype, quantized: bool = False) -> int:
     """Up to how many rows our few-row kernel beats torch's matrix product.  Without bf16 units (a 2-core
     AVX2 machine) it won up to 64 rows over all of SmolLM2's layers (64 rows: 174 ms against 256 ms).  Where
     the CPU has them, torch's products run on oneDNN's bf16 dot products and win from a few rows: for the
     30 layers' products on a 2-core AVX-512 BF16 machine, 8 rows took 6.6 ms against our 9.9 in bf16 and
-    32 rows 12 ms against 39; in float32 torch wins from 16 rows (25 ms against 31)."""
+    32 rows 12 ms against 39; in float32 torch wins from 16 rows (25 ms against 31).  With int8 weights
+    torch's product first widens them (~8 ms a step for SmolLM2), so ours wins up to 16 rows there
+    (14 ms against 18; at 32 rows 46 against 26)."""
     if not cpu_has_bf16_units():
         return 64
+    if quantized:
+        return 16
     return 4 if dtype == torch.bfloat16 else 8
 
 
@@ -39,9 +43,11 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernels is not None and x.shape[0] <= self.max_kernel_rows:
             return self.kernels.few_rows_linear(x, self.weight, self.bias, self.weight_scale)
+        slow_bf16 = x.dtype == torch.bfloat16 and x.device.type == "cpu" and not cpu_has_bf16_units()
         if self.weight_scale is not None:
-            return int8_linear(x, self.weight, self.weight_scale, self.bias)
-        if x.dtype == torch.bfloat16 and x.device.type == "cpu" and not cpu_has_bf16_units():
+            product_input = x.float() if slow_bf16 else x
+            return int8_linear(product_input, self.weight, self.weight_scale, self.bias).to(x.dtype)
+        if slow_bf16:
             return widened_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 

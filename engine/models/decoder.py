@@ -118,9 +118,9 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def quantize_int8_(self) -> None:
-        """Weight-only int8 for the decoder layers' linear layers; the embeddings and lm_head stay in the
-        compute dtype (README, INT8)."""
-        for module in self.layers.modules():
+        """Weight-only int8 for every linear layer, lm_head included (a tied one gets an int8 copy); the
+        embeddings stay in the compute dtype: a lookup reads one row per token (README, INT8)."""
+        for module in self.modules():
             if isinstance(module, Linear):
                 module.quantize_int8_()
 
@@ -161,12 +161,12 @@ class CausalLM(nn.Module):
     def use_kernels(self, kernels, attention: bool) -> None:
         """Our C++ CPU kernels for linear layers, norms and rotary and, if `attention`, for attention and
         for decode steps' whole pass through the layers."""
-        rows = max_kernel_rows(self.embed_tokens.weight.dtype)
+        dtype = self.embed_tokens.weight.dtype
         for module in self.modules():
             if isinstance(module, Linear | RMSNorm | RotaryEmbedding):
                 module.kernels = kernels
             if isinstance(module, Linear):
-                module.max_kernel_rows = rows
+                module.max_kernel_rows = max_kernel_rows(dtype, module.weight_scale is not None)
             elif isinstance(module, Attention):
                 module.kernels = kernels if attention else None
         self.decode_layers = self.kernel_decode_layers(kernels) if kernels is not None and attention else None
@@ -201,7 +201,9 @@ class CausalLM(nn.Module):
             shape.rms_norm_eps,
             self.rotary.cos,
             self.rotary.sin,
-            max_kernel_rows(self.embed_tokens.weight.dtype),
+            max_kernel_rows(
+                self.embed_tokens.weight.dtype, self.layers[0].mlp.down_proj.weight_scale is not None
+            ),
         )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -10,14 +10,15 @@ DEVICE = resolve_device("auto")
 
 
 def reference_model(model_dir, dtype=torch.float32, quantization: str | None = None):
-    """With quantization "int8", the decoder layers' linear weights are what our int8 layers compute with
-    (quantized and dequantized again), so the oracle holds for our int8 engine too."""
+    """With quantization "int8", the linear layers' weights are what our int8 layers compute with
+    (quantized and dequantized again), so the oracle holds for our int8 engine too; a tied lm_head gets
+    its own copy, as ours does, and the embeddings keep theirs."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(DEVICE)
     if quantization == "int8":
-        with torch.no_grad():
-            for module in model.model.layers.modules():
-                if isinstance(module, torch.nn.Linear):
-                    module.weight.copy_(dequantize_int8(*quantize_int8(module.weight)))
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                weight = dequantize_int8(*quantize_int8(module.weight.detach())).to(module.weight.dtype)
+                module.weight = torch.nn.Parameter(weight, requires_grad=False)
     return model
 
 

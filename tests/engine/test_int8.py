@@ -67,13 +67,16 @@ def test_an_unknown_quantization_is_refused_by_name(smollm2_dir):
         EngineConfig(model=smollm2_dir, quantization="int4")
 
 
-def test_int8_weights_are_int8_with_embeddings_and_lm_head_in_the_compute_dtype(smollm2_dir):
+def test_every_linear_layer_is_int8_and_the_tied_embeddings_stay_in_the_compute_dtype(smollm2_dir):
     llm = LLM(str(smollm2_dir), dtype="bfloat16", quantization="int8", num_kv_blocks=64)
     model = llm.engine.runner.model
     layer = model.layers[0]
     linears = [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj]
+    linears.append(model.lm_head)
     assert all(m.weight.dtype == torch.int8 and m.weight_scale.dtype == torch.float32 for m in linears)
-    assert model.embed_tokens.weight.dtype == model.lm_head.weight.dtype == torch.bfloat16
+    assert model.embed_tokens.weight.dtype == torch.bfloat16
+    parameters = sum(p.numel() for p in model.parameters())
+    assert llm.engine.stats().weight_bytes < 0.75 * 2 * parameters  # against bf16 for every parameter
     question = [{"role": "user", "content": "What is the capital of France?"}]
     reply = llm.chat(question, SamplingParams(temperature=0, max_tokens=8))
     assert "Paris" in reply[0].outputs[0].text

@@ -70,7 +70,8 @@ def write_report(results: dict, plot: Path) -> str:
         lines.append("| " + " | ".join(row) + " |")
     limit = results["bandwidth_limit"]
     lines.append(
-        f"\nBatch-1 memory-bandwidth limit: {limit['weight_bytes'] / 1e6:.0f} MB of weights per token over "
+        f"\nBatch-1 memory-bandwidth limit with {results['dtype']} weights: "
+        f"{limit['weight_bytes'] / 1e6:.0f} MB per token over "
         f"{results['machine']['read_bandwidth_gb_s']} GB/s = {limit['tokens_per_s']:.0f} tok/s."
     )
     plot_ratios(results, base, peers, plot)

@@ -54,8 +54,7 @@ def figures(panel: EnginePanel) -> str:
         ("running", panel.running),
         ("waiting", panel.waiting),
         ("KV blocks used", f"{panel.kv_blocks_used} of {panel.kv_blocks_total}"),
-        ("weights", panel.weights),
-        ("KV pool", panel.kv_pool),
+        *[(name, value) for name, value in (("weights", panel.weights), ("KV pool", panel.kv_pool)) if value],
     ]
     if panel.session_memory is not None:
         items += [(name.replace("_", " "), value) for name, value in panel.session_memory.items()]

@@ -135,10 +135,15 @@ def test_models_health_and_metrics(server, client):
         "generation_tokens_total",
         'retrieval_latency_seconds_count{intent="knowledge"}',
         "session_kv_sessions",
+        "weight_bytes",
+        "kv_pool_bytes",
+        "kv_pool_tokens",
     ):
         value = next(line for line in metrics.splitlines() if line.startswith(f"kvchat:{name} "))
         assert float(value.split()[-1]) > 0, value
     assert "kvchat:num_requests_running" in metrics and "kvchat:prefix_cache_hits_total" in metrics
+    info = next(line for line in metrics.splitlines() if line.startswith("kvchat:engine_info{"))
+    assert 'quantization="none"' in info and 'kv_cache_dtype="' in info and info.endswith(" 1.0")
 
 
 def test_closing_a_stream_midway_stores_the_reply_as_aborted_with_its_partial_text(server, client):

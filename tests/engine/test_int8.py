@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.kernels import cpu_kernels
+from engine.llm_engine import model_fingerprint
 from engine.quantization import dequantize_int8, int8_linear, quantize_int8
 
 
@@ -80,3 +81,8 @@ def test_every_linear_layer_is_int8_and_the_tied_embeddings_stay_in_the_compute_
     question = [{"role": "user", "content": "What is the capital of France?"}]
     reply = llm.chat(question, SamplingParams(temperature=0, max_tokens=8))
     assert "Paris" in reply[0].outputs[0].text
+
+
+def test_kv_saved_under_one_quantization_is_not_taken_for_another(smollm2_dir):
+    fingerprints = {model_fingerprint(smollm2_dir, torch.bfloat16, q) for q in (None, "int8")}
+    assert len(fingerprints) == 2

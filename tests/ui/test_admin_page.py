@@ -9,12 +9,12 @@ from tests.ui.conftest import ADMIN_PASSWORD, ALICE, log_in, screenshot
 QUESTION = "Admin check: what is two plus two?"
 
 
-def figure(page, label: str) -> str:
-    """The value shown above `label` in the session's KV figures."""
-    for stat in page.locator("#admin-kv .kv-stat").all():
+def figure(page, label: str, panel: str = "#admin-kv") -> str:
+    """The value shown above `label` in the session's KV figures (or another panel's)."""
+    for stat in page.locator(f"{panel} .kv-stat").all():
         if stat.locator("span").inner_text() == label:
             return stat.locator("b").inner_text()
-    raise AssertionError(f"no figure {label!r} in {page.locator('#admin-kv').inner_text()!r}")
+    raise AssertionError(f"no figure {label!r} in {page.locator(panel).inner_text()!r}")
 
 
 def test_a_non_admin_cannot_open_the_admin_page(server, page):
@@ -44,5 +44,7 @@ def test_an_admin_sees_a_session_with_its_kv(server, page):
     page.get_by_text("persist done").wait_for()
     assert figure(page, "on disk") != "0 B"
     page.locator("#engine-figures").get_by_text("ready").wait_for()
+    assert figure(page, "weights", "#engine-figures").endswith(" MB")
+    assert figure(page, "KV pool", "#engine-figures").endswith(" tokens")
     screenshot(page, "admin-session")
     assert not page.script_errors

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from bench.bf16_agreement import compare
 from bench.machine import describe
 from engine import LLM, SamplingParams
-from engine.session_kv import common_prefix
 from engine.testing.prompts import QUESTIONS
 
 ROOT = Path(__file__).resolve().parent
@@ -75,15 +75,6 @@ def perplexity(llm: LLM, token_ids: list[int], window: int) -> float:
     return float(torch.exp(torch.tensor(total / count)))
 
 
-def compare(tokens: list[list[int]], reference: list[list[int]]) -> dict:
-    same_prefix = sum(common_prefix(a, b) for a, b in zip(tokens, reference, strict=True))
-    return {
-        "identical_prompts": sum(a == b for a, b in zip(tokens, reference, strict=True)),
-        "prompts": len(reference),
-        "tokens_before_first_difference": round(same_prefix / sum(len(r) for r in reference), 4),
-    }
-
-
 def measure_variant(model: str, options: dict, texts: dict, prompts: list[str], args) -> tuple[dict, list]:
     llm = LLM(model, enable_prefix_caching=False, max_num_batched_tokens=args.window, **options)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
@@ -124,6 +115,7 @@ def main() -> None:
         "machine": machine,
         "model": Path(model).name,
         "text_tokens": {k: len(v) for k, v in texts.items()},
+        "prompts": len(prompts),
     }
     path = ROOT / "results" / machine["kind"] / "quantization.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -206,6 +206,7 @@ def eos_token_ids(model_dir, tokenizer) -> set[int]:
 def model_fingerprint(model_dir, dtype: torch.dtype, quantization: str | None = None) -> str:
     """Identifies the weights, their quantization and the dtype that KV was computed with, so saved KV is
     never mixed up."""
+    # Unquantized weights keep the fingerprint that session files saved before quantization existed carry.
     digest = hashlib.sha256(f"{dtype} {quantization}".encode() if quantization else str(dtype).encode())
     folder = Path(model_dir)
     digest.update((folder / "config.json").read_bytes())

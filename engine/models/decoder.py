@@ -201,9 +201,7 @@ class CausalLM(nn.Module):
             shape.rms_norm_eps,
             self.rotary.cos,
             self.rotary.sin,
-            max_kernel_rows(
-                self.embed_tokens.weight.dtype, self.layers[0].mlp.down_proj.weight_scale is not None
-            ),
+            self.layers[0].mlp.down_proj.max_kernel_rows,  # set above; the same for every layer
         )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -58,8 +58,9 @@ class AsyncEngine:
 
     @property
     def kv_identity(self) -> tuple[str, torch.dtype]:
-        """The model's fingerprint and the KV dtype: KV saved under another identity cannot be used."""
-        return self.engine.fingerprint, self.engine.dtype
+        """The model's fingerprint (weights, quantization, compute dtype) and the dtype the KV cache stores:
+        KV saved under another identity cannot be used."""
+        return self.engine.fingerprint, self.engine.kv_dtype
 
     @property
     def tokenizer(self):

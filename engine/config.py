@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from engine.quantization import QUANTIZATIONS
+from engine.quantization import KV_CACHE_DTYPES, QUANTIZATIONS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 POLICIES = ("fcfs", "short_first")
@@ -26,12 +26,15 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"
     quantization: str | None = None  # "int8": weight-only, one scale per output channel (vLLM's name)
+    kv_cache_dtype: str = "auto"  # "int8": keys and values in 8 bits, a scale per token and KV head
 
     def __post_init__(self):
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.scheduling_policy not in POLICIES:
             raise ValueError(f"scheduling_policy must be one of {POLICIES}, got {self.scheduling_policy!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -47,6 +50,11 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def resolve_kv_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype the KV cache stores: the compute dtype, or int8."""
+    return torch.int8 if name == "int8" else dtype
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

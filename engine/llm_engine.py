@@ -10,7 +10,7 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig
 
 from engine.block_manager import BlockManager
-from engine.config import EngineConfig, resolve_device, resolve_dtype
+from engine.config import EngineConfig, resolve_device, resolve_dtype, resolve_kv_dtype
 from engine.detokenizer import Detokenizer
 from engine.kv_cache import KvCache
 from engine.model_files import weight_files
@@ -48,9 +48,10 @@ class LLMEngine:
         model = load_model(
             config.model, hf_config, self.dtype, self.device, self.max_model_len, config.quantization
         )
-        num_blocks = config.num_kv_blocks or kv_blocks_for_memory(config, model.shape, self.dtype)
+        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
+        num_blocks = config.num_kv_blocks or kv_blocks_for_memory(config, model.shape, self.kv_dtype)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        kv_cache = KvCache(model.shape, num_blocks, config.block_size, self.dtype, self.device)
+        kv_cache = KvCache(model.shape, num_blocks, config.block_size, self.kv_dtype, self.device)
         self.runner = ModelRunner(model, kv_cache)
         self.session_kv = SessionCache(self.block_manager, kv_cache)
         self.scheduler = Scheduler(config, self.block_manager, self.session_kv)
@@ -58,9 +59,9 @@ class LLMEngine:
         self.memory_figures = {
             "dtype": str(self.dtype).removeprefix("torch."),
             "quantization": config.quantization or "none",
-            "kv_cache_dtype": str(kv_cache.tensor.dtype).removeprefix("torch."),
+            "kv_cache_dtype": str(self.kv_dtype).removeprefix("torch."),
             "weight_bytes": model.weight_bytes(),
-            "kv_pool_bytes": kv_cache.tensor.nbytes,
+            "kv_pool_bytes": kv_cache.nbytes,
             "kv_pool_tokens": num_blocks * config.block_size,
         }
         self.sequences: dict[str, Sequence] = {}

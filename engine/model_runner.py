@@ -27,7 +27,7 @@ class ModelRunner:
         """Compute the KV of every scheduled token; sample for sequences whose tokens are all computed."""
         batch = sorted(batch, key=lambda item: item.num_new_tokens > 1)  # single-token queries first
         input_ids, positions, meta = self.prepare(batch)
-        hidden = self.model(input_ids, positions, self.kv_cache.tensor, meta)
+        hidden = self.model(input_ids, positions, self.kv_cache.tensor, self.kv_cache.scales, meta)
         ends = torch.tensor([item.num_new_tokens for item in batch]).cumsum(0) - 1
         samplers = [
             i

@@ -1,5 +1,6 @@
-"""Weight-only INT8: symmetric, one scale per output channel, made at load time from the model's own
-weights (no calibration data).  Activations stay in the compute dtype; a product is (x @ q.T) * scale,
+"""INT8, symmetric, one scale per row: weight-only INT8 with a scale per output channel, made at load time
+from the model's own weights (no calibration data), and the 8-bit KV cache with a scale per token and KV
+head (engine/kv_cache.py).  Activations stay in the compute dtype; a product is (x @ q.T) * scale,
 which equals x @ (q * scale).T up to rounding.
 
 On a CPU a decode step with few rows is bound by reading the weights, so half the bytes of bf16 is up to
@@ -11,21 +12,23 @@ import torch
 import torch.nn.functional as F
 
 QUANTIZATIONS = ("int8",)
+KV_CACHE_DTYPES = ("auto", "int8")  # auto: the compute dtype (vLLM's name for the setting)
 
 
-def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q, scale): q int8 (out, in) in [-127, 127], scale float32 (out,), with weight ~= q * scale[:, None].
-    The largest magnitude of each row maps to 127, so no value clips; an all-zero row gets scale 1."""
-    weight = weight.float()
-    largest = weight.abs().amax(dim=1)
+def quantize_int8(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scale): q int8 (..., n) in [-127, 127], scale float32 (...), with rows ~= q * scale[..., None].
+    The largest magnitude of each row maps to 127, so no value clips; an all-zero row gets scale 1.
+    write_kv in kernels/layer_ops_cpu.cpp quantizes KV with the same float32 operations."""
+    rows = rows.float()
+    largest = rows.abs().amax(dim=-1)
     scale = torch.where(largest > 0, largest / 127, torch.ones_like(largest))
-    q = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    q = torch.round(rows / scale[..., None]).clamp_(-127, 127).to(torch.int8)
     return q, scale
 
 
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The float32 weights an int8 layer computes with: what a reference implementation should load."""
-    return q.float() * scale[:, None]
+    """The float32 rows an int8 layer or KV cache computes with: what a reference implementation loads."""
+    return q.float() * scale[..., None]
 
 
 def int8_linear(

@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 
 from engine.block_manager import BlockManager, blocks_for
-from engine.kv_cache import KvCache
+from engine.kv_cache import KvCache, SlotsKv
 from engine.sequence import Sequence
 
 
@@ -54,9 +54,7 @@ class SessionSnapshot:
     text_token_ids: list[int]
     token_ids: list[int]
     positions: list[int]
-    keys: torch.Tensor  # (layers, slots, kv_heads, head_dim), on the CPU
-    values: torch.Tensor
-    importance: torch.Tensor  # (slots,) attention received, summed
+    kv: SlotsKv  # on the CPU, in the form the pool stores it
     evicted_tokens: int = 0
     evictions: list[EvictionRecord] = field(default_factory=list)
 
@@ -139,7 +137,7 @@ class SessionCache:
         copy = self.block_manager.allocate_block()
         source = self.kv_cache.slot_ids([last.block_id], self.block_size)
         self.kv_cache.write_slots(
-            self.kv_cache.slot_ids([copy.block_id], self.block_size), *self.kv_cache.read_slots(source)
+            self.kv_cache.slot_ids([copy.block_id], self.block_size), self.kv_cache.read_slots(source)
         )
         self.block_manager.release([last.block_id])
         return [*block_ids[:-1], copy.block_id]
@@ -175,15 +173,12 @@ class SessionCache:
         session = self.idle(session_id)
         keep = list(range(session.num_slots)) if keep is None else keep
         slots = self.kv_cache.slot_ids(session.block_ids, session.num_slots)[keep]
-        keys, values, importance = (t.cpu().clone() for t in self.kv_cache.read_slots(slots))
         return SessionSnapshot(
             session_id,
             list(session.text_token_ids),
             [session.token_ids[i] for i in keep],
             [session.positions[i] for i in keep],
-            keys,
-            values,
-            importance,
+            self.kv_cache.read_slots(slots).cpu(),
             session.evicted_tokens,
             list(session.evictions),
         )
@@ -199,7 +194,7 @@ class SessionCache:
             return False
         block_ids = [self.block_manager.allocate_block().block_id for _ in range(needed)]
         slots = self.kv_cache.slot_ids(block_ids, len(snapshot.token_ids))
-        self.kv_cache.write_slots(slots, snapshot.keys, snapshot.values, snapshot.importance)
+        self.kv_cache.write_slots(slots, snapshot.kv)
         self.sessions[snapshot.session_id] = SessionKV(
             snapshot.session_id,
             list(snapshot.text_token_ids),

@@ -12,7 +12,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &kvchat::rms_norm, "transformers' RMSNorm");
   m.def("add_rms_norm", &kvchat::add_rms_norm, "residual += x, then x = RMSNorm(residual), in place");
   m.def("rotary", &kvchat::rotary, "rotary embedding of q and k in place (rotate-half layout)");
-  m.def("write_kv", &kvchat::write_kv, "new keys and values into their cache slots");
+  m.def("write_kv", &kvchat::write_kv, "new keys and values into their cache slots (int8: quantized)");
 
   py::class_<kvchat::LayerWeights>(m, "LayerWeights")
       .def(py::init([](torch::Tensor input_norm, torch::Tensor qkv, torch::Tensor o, torch::Tensor post_norm,
@@ -36,7 +36,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("layers"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("eps"),
            py::arg("cos"), py::arg("sin"), py::arg("max_kernel_rows"))
       .def("forward", &kvchat::DecodeLayers::forward, "every decoder layer of a decode step",
-           py::arg("x"), py::arg("residual"), py::arg("positions"), py::arg("kv_cache"), py::arg("block_tables"),
+           py::arg("x"), py::arg("residual"), py::arg("positions"), py::arg("kv_cache"), py::arg("kv_scales"),
+           py::arg("block_tables"),
            py::arg("context_lens"), py::arg("slot_blocks"), py::arg("slot_offsets"), py::arg("sum_attention"),
            py::call_guard<py::gil_scoped_release>());  // no Python objects inside: other threads may run
 }

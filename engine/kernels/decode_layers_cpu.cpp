@@ -38,7 +38,7 @@ DecodeLayers::DecodeLayers(std::vector<LayerWeights> layers, int64_t heads, int6
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
     torch::Tensor x, torch::Tensor residual, torch::Tensor positions, torch::Tensor kv_cache,
-    torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor slot_blocks, torch::Tensor slot_offsets,
+    std::optional<torch::Tensor> kv_scales, torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor slot_blocks, torch::Tensor slot_offsets,
     bool sum_attention) const {
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == static_cast<int64_t>(layers_.size()),
               "kv_cache: (layers, 2, blocks, kv_heads, block_size * head_dim)");
@@ -56,6 +56,12 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerWeights& w = layers_[i];
     const torch::Tensor layer_cache = kv_cache[i];
+    std::optional<torch::Tensor> layer_scales, key_scales, value_scales;  // an int8 cache's
+    if (kv_scales.has_value()) {
+      layer_scales = (*kv_scales)[i];
+      key_scales = (*layer_scales)[0];
+      value_scales = (*layer_scales)[1];
+    }
     add_rms_norm(x, residual, w.input_norm, eps_);
     const auto qkv = linear(x, w.qkv, w.qkv_bias, w.qkv_scale).split(
         {heads_ * head_dim, kv_heads_ * head_dim, kv_heads_ * head_dim}, -1);
@@ -66,13 +72,14 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
       k = rms_norm(k.reshape({-1, head_dim}), *w.k_norm, eps_).view_as(k);
     }
     rotary(q, k, positions, cos_, sin_);
-    write_kv(k, v, layer_cache, slot_blocks, slot_offsets);
+    write_kv(k, v, layer_cache, slot_blocks, slot_offsets, layer_scales);
     const torch::Tensor keys = layer_cache[0].view({blocks, kv_heads_, head_dim, block_size});
     const torch::Tensor values = layer_cache[1].view({blocks, kv_heads_, block_size, head_dim});
     const torch::Tensor probs =
-        paged_qk(q, keys, block_tables, context_lens, max_context, scale).softmax(-1);
+        paged_qk(q, keys, block_tables, context_lens, max_context, scale, key_scales).softmax(-1);
     if (sum_attention) received.add_(probs.sum(1));
-    x = linear(paged_pv(probs, values, block_tables, context_lens).flatten(1), w.o, w.o_bias, w.o_scale);
+    const torch::Tensor attended = paged_pv(probs, values, block_tables, context_lens, value_scales, x.scalar_type());
+    x = linear(attended.flatten(1), w.o, w.o_bias, w.o_scale);
     add_rms_norm(x, residual, w.post_norm, eps_);
     const auto gate_up = linear(x, w.gate_up, std::nullopt, w.gate_up_scale).chunk(2, -1);
     x = linear(at::silu(gate_up[0]) * gate_up[1], w.down, std::nullopt, w.down_scale);

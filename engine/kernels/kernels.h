@@ -9,17 +9,19 @@
 
 namespace kvchat {
 
-// Decode attention over the paged KV cache (paged_attention_cpu.cpp).
+// Decode attention over the paged KV cache (paged_attention_cpu.cpp).  A cache is of the compute dtype, or
+// int8 with its scales (kv_types.h); paged_pv's output is of `dtype`, the compute dtype.
 torch::Tensor paged_qk(torch::Tensor q, torch::Tensor k_cache, torch::Tensor block_tables,
-                       torch::Tensor context_lens, int64_t max_context, double scale);
+                       torch::Tensor context_lens, int64_t max_context, double scale,
+                       std::optional<torch::Tensor> k_scales);
 torch::Tensor paged_pv(torch::Tensor probs, torch::Tensor v_cache, torch::Tensor block_tables,
-                       torch::Tensor context_lens);
+                       torch::Tensor context_lens, std::optional<torch::Tensor> v_scales, at::ScalarType dtype);
 
 // Prefill attention of one chunk over the paged KV cache, and the attention each token received from the
 // chunk's last `window` positions (prefill_attention_cpu.cpp).
-std::tuple<torch::Tensor, torch::Tensor> paged_prefill_attention(torch::Tensor q, torch::Tensor k_cache,
-                                                                 torch::Tensor v_cache, torch::Tensor block_table,
-                                                                 int64_t cached, double scale, int64_t window);
+std::tuple<torch::Tensor, torch::Tensor> paged_prefill_attention(
+    torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_table, int64_t cached,
+    double scale, int64_t window, std::optional<torch::Tensor> k_scales, std::optional<torch::Tensor> v_scales);
 
 // x @ weight.T + bias for a few rows of x; int8 weights come with a scale per output channel, as
 // x @ (weight * scale).T + bias (few_rows_linear_cpu.cpp).
@@ -30,8 +32,9 @@ torch::Tensor few_rows_linear(torch::Tensor x, torch::Tensor weight, std::option
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 void add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
 void rotary(torch::Tensor q, torch::Tensor k, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin);
+// An int8 layer cache quantizes each token's head as engine/quantization.py does, into layer_scales.
 void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor layer_cache, torch::Tensor slot_blocks,
-              torch::Tensor slot_offsets);
+              torch::Tensor slot_offsets, std::optional<torch::Tensor> layer_scales);
 
 // One decoder layer's weights, as models/decoder.py holds them (qkv and gate_up fused).  With int8
 // weights, each linear layer's scale per output channel.
@@ -52,7 +55,7 @@ class DecodeLayers {
   // received, summed over layers and heads: (rows, max_context) float32.
   std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward(
       torch::Tensor x, torch::Tensor residual, torch::Tensor positions, torch::Tensor kv_cache,
-      torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor slot_blocks,
+      std::optional<torch::Tensor> kv_scales, torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor slot_blocks,
       torch::Tensor slot_offsets, bool sum_attention) const;
 
  private:

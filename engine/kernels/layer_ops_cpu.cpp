@@ -4,9 +4,12 @@
 // size, which adds up to a third of the step.  RMSNorm (with the residual add before it), rotary
 // embedding and the KV-cache write are the bulk of them.  Each follows transformers' formula in float32,
 // so greedy tokens stay those of transformers (tests/engine/test_greedy_equals_transformers.py).
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels.h"
+#include "kv_types.h"
 #include "simd.h"
 
 namespace kvchat {
@@ -27,6 +30,23 @@ void normalise_row(const T* row, const T* weight, T* out, int64_t size, double e
   for (int64_t j = 0; j < size; ++j) {
     const T normalised = static_cast<T>(static_cast<float>(row[j]) * scale);
     out[j] = static_cast<T>(static_cast<float>(weight[j]) * static_cast<float>(normalised));
+  }
+}
+
+// One token's key or value head into the cache, `stride` apart; into an int8 cache quantized as
+// engine/quantization.py's quantize_int8 does, in the same float32 operations, with its scale to *scale.
+template <typename T, typename C>
+void store_row(const T* row, int64_t size, C* target, int64_t stride, float* scale) {
+  if constexpr (std::is_same_v<C, int8_t>) {
+    float largest = 0;
+    for (int64_t d = 0; d < size; ++d) largest = std::max(largest, std::abs(static_cast<float>(row[d])));
+    *scale = largest > 0 ? largest / 127.0f : 1.0f;
+    for (int64_t d = 0; d < size; ++d) {
+      const float q = std::nearbyint(static_cast<float>(row[d]) / *scale);  // ties to even, as torch.round
+      target[d * stride] = static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
+    }
+  } else {
+    for (int64_t d = 0; d < size; ++d) target[d * stride] = row[d];
   }
 }
 
@@ -96,27 +116,39 @@ void rotary(torch::Tensor q, torch::Tensor k, torch::Tensor positions, torch::Te
 }
 
 void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor layer_cache, torch::Tensor slot_blocks,
-              torch::Tensor slot_offsets) {
+              torch::Tensor slot_offsets, std::optional<torch::Tensor> layer_scales) {
   TORCH_CHECK(layer_cache.is_contiguous() && layer_cache.dim() == 4, "layer_cache: (2, blocks, kv_heads, width)");
-  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k.scalar_type() == layer_cache.scalar_type(),
-              "k and v: (tokens, kv_heads, head_dim) with contiguous head_dim, the cache's dtype");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k.scalar_type() == v.scalar_type(),
+              "k and v: (tokens, kv_heads, head_dim) with contiguous head_dim, of one dtype");
   TORCH_CHECK(slot_blocks.is_contiguous() && slot_offsets.is_contiguous() &&
                   slot_blocks.scalar_type() == torch::kLong && slot_offsets.scalar_type() == torch::kLong,
               "slot_blocks and slot_offsets: contiguous int64");
   const int64_t blocks = layer_cache.size(1), kv_heads = layer_cache.size(2), width = layer_cache.size(3);
   const int64_t head_dim = k.size(2), block_size = width / head_dim;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "write_kv", [&] {
-    scalar_t* keys = layer_cache.data_ptr<scalar_t>();
-    scalar_t* values = keys + blocks * kv_heads * width;
-    for (int64_t t = 0; t < k.size(0); ++t) {
-      const int64_t block = slot_blocks.data_ptr<int64_t>()[t], offset = slot_offsets.data_ptr<int64_t>()[t];
+  float* scales = nullptr;  // an int8 cache's, (2, blocks, kv_heads, block_size)
+  if (layer_scales.has_value()) {
+    TORCH_CHECK(layer_scales->scalar_type() == torch::kFloat && layer_scales->is_contiguous() &&
+                    layer_scales->numel() == 2 * blocks * kv_heads * block_size,
+                "layer_scales: contiguous float32 (2, blocks, kv_heads, block_size)");
+    scales = layer_scales->data_ptr<float>();
+  }
+  dispatch_kv(k.scalar_type(), layer_cache, "write_kv", [&](auto t, auto c) {
+    using T = decltype(t);
+    using C = decltype(c);
+    TORCH_CHECK((std::is_same_v<C, int8_t>) == (scales != nullptr), "an int8 cache needs its scales");
+    C* keys = layer_cache.data_ptr<C>();
+    C* values = keys + blocks * kv_heads * width;
+    for (int64_t i = 0; i < k.size(0); ++i) {
+      const int64_t block = slot_blocks.data_ptr<int64_t>()[i], offset = slot_offsets.data_ptr<int64_t>()[i];
       TORCH_CHECK(block >= 0 && block < blocks && offset >= 0 && offset < block_size, "slot out of range");
       for (int64_t h = 0; h < kv_heads; ++h) {
-        const scalar_t* key = k.data_ptr<scalar_t>() + t * k.stride(0) + h * k.stride(1);
-        const scalar_t* value = v.data_ptr<scalar_t>() + t * v.stride(0) + h * v.stride(1);
-        scalar_t* cell = (block * kv_heads + h) * width + keys;  // keys transposed: (head_dim, block_size)
-        for (int64_t d = 0; d < head_dim; ++d) cell[d * block_size + offset] = key[d];
-        std::copy_n(value, head_dim, values + (block * kv_heads + h) * width + offset * head_dim);
+        const T* key = k.data_ptr<T>() + i * k.stride(0) + h * k.stride(1);
+        const T* value = v.data_ptr<T>() + i * v.stride(0) + h * v.stride(1);
+        const int64_t cell = (block * kv_heads + h) * width;  // keys transposed: (head_dim, block_size)
+        const int64_t scale_slot = (block * kv_heads + h) * block_size + offset;
+        store_row(key, head_dim, keys + cell + offset, block_size, scales ? scales + scale_slot : nullptr);
+        store_row(value, head_dim, values + cell + offset * head_dim, 1,
+                  scales ? scales + blocks * kv_heads * block_size + scale_slot : nullptr);
       }
     }
   });

@@ -13,8 +13,13 @@
 // positions over rows and heads: the attention each token received, which session eviction keeps tokens
 // by (engine/layers/importance.py).
 //
+// An int8 cache is read as it is: each score is multiplied by its key's scale before the softmax, and each
+// probability by its value's scale before p.v (the softmax sum is taken before), so no float copy of
+// the cache is made.
+//
 // q (chunk, heads, head_dim), heads and head_dim contiguous; k_cache (blocks, kv_heads, head_dim, 16);
-// v_cache (blocks, kv_heads, 16, head_dim); block_table (context blocks,) int64.  Chunk position i is
+// v_cache (blocks, kv_heads, 16, head_dim); block_table (context blocks,) int64; for an int8 cache,
+// k_scales and v_scales (blocks, kv_heads, 16) float32.  Chunk position i is
 // sequence position cached + i.  Returns out (chunk, heads, head_dim) and, when window > 0, the
 // (cached + chunk,) float32 attention received.
 #include <ATen/Parallel.h>
@@ -22,6 +27,7 @@
 #include <cmath>
 
 #include "kernels.h"
+#include "kv_types.h"
 #include "simd.h"
 
 namespace kvchat {
@@ -36,6 +42,7 @@ struct Problem {
   int64_t chunk, heads, kv_heads, group, head_dim, cached, context, q_stride;
   float scale;
   int64_t window, positions_per_tile, tiles, window_tiles;  // window_tiles: the last tiles, which hold it
+  const float *k_scales, *v_scales;                         // an int8 cache's, else nullptr
 };
 
 // Keeps v in a register: without it GCC reads an operand shared by all rows from L1 once per row, as
@@ -45,8 +52,8 @@ inline void in_register(vfloat& v) { asm("" : "+x"(v)); }
 inline void store(float* target, vfloat v) { std::memcpy(target, &v, sizeof(v)); }
 
 // s[r][0:16] = q[r] . the block's 16 keys, for M rows.
-template <typename T, int M>
-void qk_block(const float* q, int64_t head_dim, const T* keys, float* s, int64_t stride) {
+template <typename C, int M>
+void qk_block(const float* q, int64_t head_dim, const C* keys, float* s, int64_t stride) {
   vfloat acc[M][2];
   for (int r = 0; r < M; ++r) acc[r][0] = acc[r][1] = vfloat{};
   for (int64_t d = 0; d < head_dim; ++d) {
@@ -67,8 +74,8 @@ void qk_block(const float* q, int64_t head_dim, const T* keys, float* s, int64_t
 
 // out[r][0:16] += p[r][t] * value t[0:16] for the span's first `tokens` tokens, for M rows; `blocks` are
 // the span's value blocks, already offset to the 16 elements.
-template <typename T, int M>
-void pv_span(const float* p, int64_t stride, const T* const* blocks, int64_t head_dim, int64_t tokens,
+template <typename C, int M>
+void pv_span(const float* p, int64_t stride, const C* const* blocks, int64_t head_dim, int64_t tokens,
              float* out) {
   vfloat acc[M][2];
   for (int r = 0; r < M; ++r) {
@@ -76,7 +83,7 @@ void pv_span(const float* p, int64_t stride, const T* const* blocks, int64_t hea
     acc[r][1] = load_lanes(out + r * head_dim + kLanes);
   }
   for (int64_t t = 0; t < tokens; ++t) {
-    const T* value = blocks[t / kBlock] + t % kBlock * head_dim;
+    const C* value = blocks[t / kBlock] + t % kBlock * head_dim;
     vfloat v0 = load_lanes(value), v1 = load_lanes(value + kLanes);
     in_register(v0);
     in_register(v1);
@@ -118,39 +125,60 @@ float softmax_numerators(float* s, int64_t length, int64_t padded) {
   return horizontal_sum(sums);
 }
 
+// s[0:length] *= scales[0:length]
+void scale_row(float* s, const float* scales, int64_t length) {
+  int64_t j = 0;
+  for (; j + kLanes <= length; j += kLanes) store(s + j, load_lanes(s + j) * load_lanes(scales + j));
+  for (; j < length; ++j) s[j] *= scales[j];
+}
+
+// One KV head's scales of the context's blocks, in token order, into `gathered` (padded floats).
+void gather_scales(const float* scales, const int64_t* table, int64_t kv_heads, int64_t kv_head, int64_t padded,
+                   float* gathered) {
+  for (int64_t b = 0; b < padded / kBlock; ++b)
+    std::copy_n(scales + (table[b] * kv_heads + kv_head) * kBlock, kBlock, gathered + b * kBlock);
+}
+
 // One KV head over chunk positions [first, last): rows are (position, query head of the group) pairs.
-template <typename T>
-void attend_tile(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const int64_t* table,
+template <typename T, typename C>
+void attend_tile(const Problem& p, const T* q, const C* k_cache, const C* v_cache, const int64_t* table,
                  int64_t kv_head, int64_t first, int64_t last, std::vector<float>& buffer, T* out,
                  float* received) {
   const int64_t rows = (last - first) * p.group, hd = p.head_dim;
   const int64_t context = p.cached + last, padded = (context + kBlock - 1) / kBlock * kBlock;
-  buffer.resize(rows * (2 * hd + padded + 1));
+  buffer.resize(rows * (2 * hd + padded + 1) + 2 * padded);
   float *queries = buffer.data(), *outputs = queries + rows * hd, *scores = outputs + rows * hd;
-  float* sums = scores + rows * padded;
+  float *sums = scores + rows * padded, *key_scales = sums + rows, *value_scales = key_scales + padded;
+  const bool int8 = p.k_scales != nullptr;
+  if (int8) {
+    gather_scales(p.k_scales, table, p.kv_heads, kv_head, padded, key_scales);
+    gather_scales(p.v_scales, table, p.kv_heads, kv_head, padded, value_scales);
+  }
   auto length_of = [&](int64_t row) { return p.cached + first + row / p.group + 1; };
   for (int64_t row = 0; row < rows; ++row) {
     const T* source = q + (first + row / p.group) * p.q_stride + (kv_head * p.group + row % p.group) * hd;
     for (int64_t d = 0; d < hd; ++d) queries[row * hd + d] = static_cast<float>(source[d]) * p.scale;
   }
   for (int64_t start = 0, b = 0; start < context; start += kBlock, ++b) {
-    const T* keys = k_cache + (table[b] * p.kv_heads + kv_head) * hd * kBlock;
+    const C* keys = k_cache + (table[b] * p.kv_heads + kv_head) * hd * kBlock;
     for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
       with_constant<kRows>(rows - r0, [&](auto m) {
         constexpr int M = decltype(m)::value;
         if (start < length_of(r0 + M - 1))
-          qk_block<T, M>(queries + r0 * hd, hd, keys, scores + r0 * padded + start, padded);
+          qk_block<C, M>(queries + r0 * hd, hd, keys, scores + r0 * padded + start, padded);
       });
     }
   }
   for (int64_t row = 0; row < rows; ++row) {
     float* s = scores + row * padded;
+    if (int8) scale_row(s, key_scales, length_of(row));
     sums[row] = softmax_numerators(s, length_of(row), padded);
     if (received != nullptr && first + row / p.group >= p.chunk - p.window)
       for (int64_t j = 0; j < length_of(row); ++j) received[j] += s[j] / sums[row];
+    if (int8) scale_row(s, value_scales, length_of(row));
   }
   std::fill(outputs, outputs + rows * hd, 0.0f);
-  const T* blocks[kSpanBlocks];
+  const C* blocks[kSpanBlocks];
   for (int64_t start = 0; start < context; start += kSpanBlocks * kBlock) {
     for (int64_t d0 = 0; d0 < hd; d0 += 2 * kLanes) {
       for (int64_t i = 0, b = start / kBlock; i < kSpanBlocks && b < padded / kBlock; ++i, ++b)
@@ -160,7 +188,7 @@ void attend_tile(const Problem& p, const T* q, const T* k_cache, const T* v_cach
           constexpr int M = decltype(m)::value;
           const int64_t tokens = std::min(kSpanBlocks * kBlock, length_of(r0 + M - 1) - start);
           if (tokens > 0)
-            pv_span<T, M>(scores + r0 * padded + start, padded, blocks, hd, tokens, outputs + r0 * hd + d0);
+            pv_span<C, M>(scores + r0 * padded + start, padded, blocks, hd, tokens, outputs + r0 * hd + d0);
         });
       }
     }
@@ -171,8 +199,8 @@ void attend_tile(const Problem& p, const T* q, const T* k_cache, const T* v_cach
   }
 }
 
-template <typename T>
-void attend(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const int64_t* table, T* out,
+template <typename T, typename C>
+void attend(const Problem& p, const T* q, const C* k_cache, const C* v_cache, const int64_t* table, T* out,
             float* received) {
   // Threads take contiguous ranges of items; ordering the tiles first, last, second, second to last...
   // gives each thread a fair share of the causal work, which grows with the position.
@@ -195,14 +223,14 @@ void attend(const Problem& p, const T* q, const T* k_cache, const T* v_cache, co
 
 }  // namespace
 
-std::tuple<torch::Tensor, torch::Tensor> paged_prefill_attention(torch::Tensor q, torch::Tensor k_cache,
-                                                                 torch::Tensor v_cache, torch::Tensor block_table,
-                                                                 int64_t cached, double scale, int64_t window) {
+std::tuple<torch::Tensor, torch::Tensor> paged_prefill_attention(
+    torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_table, int64_t cached,
+    double scale, int64_t window, std::optional<torch::Tensor> k_scales, std::optional<torch::Tensor> v_scales) {
   TORCH_CHECK(q.dim() == 3 && q.size(0) > 0, "q must be (chunk, heads, head_dim)");
   if (q.stride(2) != 1 || q.stride(1) != q.size(2)) q = q.contiguous();
   for (const auto& cache : {k_cache, v_cache})
-    TORCH_CHECK(cache.dim() == 4 && cache.is_contiguous() && cache.scalar_type() == q.scalar_type(),
-                "caches must be contiguous 4-d tensors of q's dtype");
+    TORCH_CHECK(cache.dim() == 4 && cache.is_contiguous() && cache.scalar_type() == k_cache.scalar_type(),
+                "caches must be contiguous 4-d tensors of one dtype");
   TORCH_CHECK(k_cache.size(3) == kBlock && v_cache.size(2) == kBlock, "the kernel needs blocks of 16 tokens");
   const int64_t chunk = q.size(0), heads = q.size(1), head_dim = q.size(2), kv_heads = k_cache.size(1);
   TORCH_CHECK(head_dim == k_cache.size(2) && head_dim % (2 * kLanes) == 0, "head_dim must be a multiple of 16");
@@ -215,13 +243,16 @@ std::tuple<torch::Tensor, torch::Tensor> paged_prefill_attention(torch::Tensor q
   const int64_t tiles = (chunk + positions_per_tile - 1) / positions_per_tile;
   const int64_t window_tiles =
       window > 0 ? tiles - std::max<int64_t>(0, chunk - window) / positions_per_tile : 0;
-  const Problem p{chunk, heads, kv_heads, group, head_dim, cached, context, q.stride(0),
-                  static_cast<float>(scale), window, positions_per_tile, tiles, window_tiles};
+  const Problem p{chunk,    heads,  kv_heads,          group,        head_dim,
+                  cached,   context, q.stride(0),      static_cast<float>(scale), window,
+                  positions_per_tile, tiles, window_tiles, kv_scales(k_cache, k_scales), kv_scales(v_cache, v_scales)};
   auto out = torch::empty({chunk, heads, head_dim}, q.options().memory_format(at::MemoryFormat::Contiguous));
   auto received = torch::zeros({kv_heads * window_tiles, context}, q.options().dtype(torch::kFloat));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_prefill_attention", [&] {
-    attend<scalar_t>(p, q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
-                     block_table.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), received.data_ptr<float>());
+  dispatch_kv(q.scalar_type(), k_cache, "paged_prefill_attention", [&](auto t, auto c) {
+    using T = decltype(t);
+    using C = decltype(c);
+    attend<T, C>(p, q.data_ptr<T>(), k_cache.data_ptr<C>(), v_cache.data_ptr<C>(), block_table.data_ptr<int64_t>(),
+                 out.data_ptr<T>(), received.data_ptr<float>());
   });
   return {out, received.sum(0)};
 }

@@ -7,6 +7,8 @@ both are our C++ kernels, which read the blocks in place; elsewhere, gathered bl
 
 Layout of one layer's cache, (2, blocks, kv_heads, block_size * head_dim): keys are stored transposed
 per block, (head_dim, block_size), values as (block_size, head_dim); see kernels/paged_attention_cpu.cpp.
+An int8 cache has the same layout and a float32 scale per token and KV head, (2, blocks, kv_heads,
+block_size); the kernels fold the scales into q.k and into the probabilities, so no float copy is made.
 """
 
 import functools
@@ -16,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.layers.importance import WINDOW, ImportanceTracker, window_attention_received
+from engine.quantization import quantize_int8
 
 
 @dataclass
@@ -47,57 +50,92 @@ class AttentionMetadata:
     importance: ImportanceTracker | None = None  # set when a session's tokens may be evicted later
 
 
-def split_layer_cache(layer_cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(keys (blocks, kv_heads, head_dim, block_size), values (blocks, kv_heads, block_size, head_dim))."""
-    blocks, kv_heads, width = layer_cache.shape[1:]
-    block_size = width // head_dim
-    keys = layer_cache[0].view(blocks, kv_heads, head_dim, block_size)
-    values = layer_cache[1].view(blocks, kv_heads, block_size, head_dim)
-    return keys, values
+@dataclass
+class LayerCache:
+    """One layer's paged KV: the cache (2, blocks, kv_heads, block_size * head_dim) and, for an int8
+    cache, the scale of each token and KV head (2, blocks, kv_heads, block_size) float32."""
+
+    tensor: torch.Tensor
+    scales: torch.Tensor | None
+    head_dim: int
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """(blocks, kv_heads, head_dim, block_size)"""
+        blocks, kv_heads, width = self.tensor.shape[1:]
+        return self.tensor[0].view(blocks, kv_heads, self.head_dim, width // self.head_dim)
+
+    @property
+    def values(self) -> torch.Tensor:
+        """(blocks, kv_heads, block_size, head_dim)"""
+        blocks, kv_heads, width = self.tensor.shape[1:]
+        return self.tensor[1].view(blocks, kv_heads, width // self.head_dim, self.head_dim)
+
+    def scales_of(self, index: int) -> torch.Tensor | None:
+        """Keys' (0) or values' (1) scales, (blocks, kv_heads, block_size); None unless int8."""
+        return self.scales[index] if self.scales is not None else None
+
+    def write(self, k, v, meta: AttentionMetadata) -> None:
+        """The torch path's write; kernels.write_kv does the same in C++."""
+        blocks, offsets = meta.slot_blocks, meta.slot_offsets
+        if self.scales is not None:
+            (k, key_scales), (v, value_scales) = quantize_int8(k), quantize_int8(v)
+            self.scales[0, blocks, :, offsets] = key_scales
+            self.scales[1, blocks, :, offsets] = value_scales
+        self.keys[blocks, :, :, offsets] = k
+        self.values[blocks, :, offsets, :] = v
+
+    def gather(self, block_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of the given blocks in token order, in `dtype`: (..., kv_heads, tokens,
+        head_dim)."""
+        keys = self.keys[block_ids].transpose(-1, -2).transpose(-3, -4)  # (..., kv_heads, blocks, bs, hd)
+        values = self.values[block_ids].transpose(-3, -4)
+        keys, values = keys.flatten(-3, -2), values.flatten(-3, -2)
+        if self.scales is None:
+            return keys, values
+        # (..., blocks, kv_heads, bs) -> (..., kv_heads, tokens, 1)
+        key_scales, value_scales = (
+            self.scales[i][block_ids].transpose(-2, -3).flatten(-2)[..., None] for i in (0, 1)
+        )
+        return (keys * key_scales).to(dtype), (values * value_scales).to(dtype)
 
 
-def paged_attention(q, k, v, layer_cache: torch.Tensor, meta: AttentionMetadata, kernels) -> torch.Tensor:
+def paged_attention(q, k, v, cache: LayerCache, meta: AttentionMetadata, kernels) -> torch.Tensor:
     # q: (tokens, heads, head_dim); k, v: (tokens, kv_heads, head_dim)
-    key_cache, value_cache = split_layer_cache(layer_cache, q.shape[-1])
     if kernels is not None:
-        kernels.write_kv(k, v, layer_cache, meta.slot_blocks, meta.slot_offsets)
+        kernels.write_kv(k, v, cache.tensor, meta.slot_blocks, meta.slot_offsets, cache.scales)
     else:
-        key_cache[meta.slot_blocks, :, :, meta.slot_offsets] = k
-        value_cache[meta.slot_blocks, :, meta.slot_offsets, :] = v
+        cache.write(k, v, meta)
     decodes = meta.num_decode_tokens
     attend = kernel_decode_attention if kernels is not None else torch_decode_attention
     prefill = kernel_prefill_attention if kernels is not None else torch_prefill_attention
     if not meta.prefills:  # a pure decode step: nothing to assemble
-        return attend(q, key_cache, value_cache, meta, kernels)
+        return attend(q, cache, meta, kernels)
     out = torch.empty_like(q)
     if decodes:
-        out[:decodes] = attend(q[:decodes], key_cache, value_cache, meta, kernels)
+        out[:decodes] = attend(q[:decodes], cache, meta, kernels)
     for index, chunk in enumerate(meta.prefills):
         out[chunk.start : chunk.end] = prefill(
-            q[chunk.start : chunk.end], key_cache, value_cache, chunk, index, meta.importance, kernels
+            q[chunk.start : chunk.end], cache, chunk, index, meta.importance, kernels
         )
     return out
 
 
-def gather_context(key_cache, value_cache, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values of the given blocks in token order: (..., kv_heads, tokens, head_dim)."""
-    keys = key_cache[block_ids].transpose(-1, -2).transpose(-3, -4)  # (..., kv_heads, blocks, bs, head_dim)
-    values = value_cache[block_ids].transpose(-3, -4)
-    return keys.flatten(-3, -2), values.flatten(-3, -2)
-
-
-def kernel_decode_attention(q, key_cache, value_cache, meta: AttentionMetadata, kernels) -> torch.Tensor:
+def kernel_decode_attention(q, cache: LayerCache, meta: AttentionMetadata, kernels) -> torch.Tensor:
     tables, lens = meta.decode_block_tables, meta.decode_context_lens
-    max_context = tables.shape[1] * key_cache.shape[-1]
-    probs = kernels.paged_qk(q, key_cache, tables, lens, max_context, q.shape[-1] ** -0.5).softmax(dim=-1)
+    keys = cache.keys
+    max_context = tables.shape[1] * keys.shape[-1]
+    scale = q.shape[-1] ** -0.5
+    scores = kernels.paged_qk(q, keys, tables, lens, max_context, scale, cache.scales_of(0))
+    probs = scores.softmax(dim=-1)
     if meta.importance is not None:
         meta.importance.add_decode(probs.sum(dim=1))
-    return kernels.paged_pv(probs, value_cache, tables, lens)
+    return kernels.paged_pv(probs, cache.values, tables, lens, cache.scales_of(1), q.dtype)
 
 
-def torch_decode_attention(q, key_cache, value_cache, meta: AttentionMetadata, kernels=None) -> torch.Tensor:
+def torch_decode_attention(q, cache: LayerCache, meta: AttentionMetadata, kernels=None) -> torch.Tensor:
     decodes, heads, head_dim = q.shape
-    keys, values = gather_context(key_cache, value_cache, meta.decode_block_tables)
+    keys, values = cache.gather(meta.decode_block_tables, q.dtype)
     kv_heads = keys.shape[1]
     positions = torch.arange(keys.shape[2], device=q.device)
     mask = (positions[None, :] < meta.decode_context_lens[:, None])[:, None, None, :]
@@ -113,21 +151,27 @@ def torch_decode_attention(q, key_cache, value_cache, meta: AttentionMetadata, k
     return out.reshape(decodes, heads, head_dim)
 
 
-def kernel_prefill_attention(q, key_cache, value_cache, chunk: PrefillChunk, index, importance, kernels):
+def kernel_prefill_attention(q, cache: LayerCache, chunk: PrefillChunk, index, importance, kernels):
     window = WINDOW if importance is not None else 0
     out, received = kernels.paged_prefill_attention(
-        q, key_cache, value_cache, chunk.block_ids, chunk.num_cached, q.shape[-1] ** -0.5, window
+        q,
+        cache.keys,
+        cache.values,
+        chunk.block_ids,
+        chunk.num_cached,
+        q.shape[-1] ** -0.5,
+        window,
+        cache.scales_of(0),
+        cache.scales_of(1),
     )
     if importance is not None:
         importance.add_prefill(index, received)
     return out
 
 
-def torch_prefill_attention(
-    q, key_cache, value_cache, chunk: PrefillChunk, index: int, importance, kernels=None
-):
+def torch_prefill_attention(q, cache: LayerCache, chunk: PrefillChunk, index: int, importance, kernels=None):
     context = chunk.context
-    keys, values = gather_context(key_cache, value_cache, chunk.block_ids)
+    keys, values = cache.gather(chunk.block_ids, q.dtype)
     keys, values = keys[:, :context], values[:, :context]
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0),

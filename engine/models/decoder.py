@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers.attention import AttentionMetadata, paged_attention
+from engine.layers.attention import AttentionMetadata, LayerCache, paged_attention
 from engine.layers.linear import Linear, max_kernel_rows
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
@@ -64,7 +64,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(shape.head_dim, shape.rms_norm_eps)
         self.rotary = rotary
 
-    def forward(self, positions, x, kv_cache, meta: AttentionMetadata):
+    def forward(self, positions, x, kv_cache: LayerCache, meta: AttentionMetadata):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.shape.num_heads, self.shape.head_dim)
         k = k.view(-1, self.shape.num_kv_heads, self.shape.head_dim)
@@ -131,23 +131,28 @@ class CausalLM(nn.Module):
         ]
         return sum(t.nbytes for t in [*self.parameters(), *scales])
 
-    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
-        """Hidden states (tokens, hidden) after the final norm."""
+    def forward(self, input_ids, positions, kv_cache, kv_scales, meta: AttentionMetadata) -> torch.Tensor:
+        """Hidden states (tokens, hidden) after the final norm.  kv_cache: (layers, 2, blocks, kv_heads,
+        block_size * head_dim); kv_scales: an int8 cache's (layers, 2, blocks, kv_heads, block_size) or
+        None."""
         x = self.embed_tokens(input_ids)
         residual = torch.zeros_like(x)
         if self.decode_layers is not None and not meta.prefills:
-            x, residual = self.decode_in_one_call(positions, x, residual, kv_caches, meta)
+            x, residual = self.decode_in_one_call(positions, x, residual, kv_cache, kv_scales, meta)
         else:
-            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-                x, residual = layer(positions, x, residual, kv_cache, meta)
+            layer_scales = kv_scales if kv_scales is not None else [None] * len(self.layers)
+            for layer, cache, scales in zip(self.layers, kv_cache, layer_scales, strict=True):
+                layer_cache = LayerCache(cache, scales, self.shape.head_dim)
+                x, residual = layer(positions, x, residual, layer_cache, meta)
         return self.norm(x, residual)[0]
 
-    def decode_in_one_call(self, positions, x, residual, kv_caches, meta: AttentionMetadata):
+    def decode_in_one_call(self, positions, x, residual, kv_cache, kv_scales, meta: AttentionMetadata):
         x, residual, received = self.decode_layers.forward(
             x,
             residual,
             positions,
-            kv_caches,
+            kv_cache,
+            kv_scales,
             meta.decode_block_tables,
             meta.decode_context_lens,
             meta.slot_blocks,

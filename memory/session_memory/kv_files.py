@@ -1,8 +1,10 @@
 """Session KV on disk: one safetensors file per session, checked before it is trusted.
 
-The metadata carries the model fingerprint and dtype the KV was computed with and a SHA-256 over every
-tensor's bytes; a missing, truncated, corrupted or mismatched file raises SnapshotError, and the caller
-recomputes instead.  Files are written to a temporary name and renamed, so a crash never leaves half a file.
+The KV is kept in the form the pool stores it (int8 with its scales, or the compute dtype).  The metadata
+carries the model fingerprint (weights, quantization, compute dtype), the KV's stored dtype and a SHA-256
+over every tensor's bytes; a missing, truncated, corrupted or mismatched file raises SnapshotError, and the
+caller recomputes instead.  Files are written to a temporary name and renamed, so a crash never leaves
+half a file.
 """
 
 import hashlib
@@ -15,11 +17,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from engine.kv_cache import SlotsKv
 from engine.session_kv import EvictionRecord, SessionSnapshot
 
 FORMAT = "kvchat-session-kv-2"  # 2: importance summed; no per-slot observation counts
 SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 TENSOR_NAMES = ("keys", "values", "importance", "token_ids", "positions", "text_token_ids")
+SCALED_TENSOR_NAMES = (*TENSOR_NAMES, "scales")  # an int8 KV cache's
 
 
 class SnapshotError(ValueError):
@@ -39,7 +43,7 @@ def save(snapshot: SessionSnapshot, path: Path, fingerprint: str) -> int:
         "format": FORMAT,
         "session_id": snapshot.session_id,
         "fingerprint": fingerprint,
-        "dtype": str(snapshot.keys.dtype),
+        "dtype": str(snapshot.kv.keys.dtype),
         "evicted_tokens": str(snapshot.evicted_tokens),
         "evictions": json.dumps([asdict(record) for record in snapshot.evictions]),
         "sha256": checksum(tensors),
@@ -52,6 +56,7 @@ def save(snapshot: SessionSnapshot, path: Path, fingerprint: str) -> int:
 
 
 def load(path: Path, fingerprint: str, dtype: torch.dtype) -> SessionSnapshot:
+    """`dtype`: the KV dtype the pool stores, which the file's must equal."""
     if not path.is_file():
         raise SnapshotError(f"{path.name} does not exist")
     try:
@@ -66,9 +71,7 @@ def load(path: Path, fingerprint: str, dtype: torch.dtype) -> SessionSnapshot:
         text_token_ids=tensors["text_token_ids"].tolist(),
         token_ids=tensors["token_ids"].tolist(),
         positions=tensors["positions"].tolist(),
-        keys=tensors["keys"],
-        values=tensors["values"],
-        importance=tensors["importance"],
+        kv=SlotsKv(tensors["keys"], tensors["values"], tensors.get("scales"), tensors["importance"]),
         evicted_tokens=int(metadata["evicted_tokens"]),
         evictions=[eviction_record(record) for record in json.loads(metadata["evictions"])],
     )
@@ -83,25 +86,30 @@ def check(metadata: dict, tensors: dict, fingerprint: str, dtype: torch.dtype, n
     if metadata.get("format") != FORMAT:
         raise SnapshotError(f"{name} is not a session KV file of this version")
     if metadata.get("fingerprint") != fingerprint or metadata.get("dtype") != str(dtype):
-        raise SnapshotError(f"{name} was computed by another model or dtype")
-    if set(tensors) != set(TENSOR_NAMES) or metadata.get("sha256") != checksum(tensors):
+        raise SnapshotError(f"{name} was computed by another model, dtype or KV cache dtype")
+    expected = SCALED_TENSOR_NAMES if dtype == torch.int8 else TENSOR_NAMES
+    if set(tensors) != set(expected) or metadata.get("sha256") != checksum(tensors):
         raise SnapshotError(f"{name} is corrupted (checksum mismatch)")
 
 
 def tensors_of(snapshot: SessionSnapshot) -> dict[str, torch.Tensor]:
-    return {
-        "keys": snapshot.keys.contiguous(),
-        "values": snapshot.values.contiguous(),
-        "importance": snapshot.importance.float().contiguous(),
+    kv = snapshot.kv
+    tensors = {
+        "keys": kv.keys.contiguous(),
+        "values": kv.values.contiguous(),
+        "importance": kv.importance.float().contiguous(),
         "token_ids": torch.tensor(snapshot.token_ids, dtype=torch.long),
         "positions": torch.tensor(snapshot.positions, dtype=torch.long),
         "text_token_ids": torch.tensor(snapshot.text_token_ids, dtype=torch.long),
     }
+    if kv.scales is not None:
+        tensors["scales"] = kv.scales.contiguous()
+    return tensors
 
 
 def checksum(tensors: dict[str, torch.Tensor]) -> str:
     digest = hashlib.sha256()
-    for name in TENSOR_NAMES:
+    for name in SCALED_TENSOR_NAMES if "scales" in tensors else TENSOR_NAMES:
         tensor = tensors[name]
         digest.update(name.encode())
         digest.update(tensor.contiguous().view(torch.uint8).numpy().tobytes())

@@ -70,6 +70,11 @@ def test_app_names_a_bad_environment_variable():
             ["--quantization", "int8", "--engine", "vllm"],
             "error: --quantization int8 is the native engine's; vLLM loads models quantized ahead",
         ),
+        (["--kv-cache-dtype", "fp8"], "error: --kv-cache-dtype: 'fp8' is not allowed: one of auto, int8"),
+        (
+            ["--kv-cache-dtype", "int8", "--engine", "vllm"],
+            "error: --kv-cache-dtype int8 is the native engine's; vLLM's CPU and GPU caches take fp8",
+        ),
     ],
 )
 def test_settings_from_cli_describes_the_field_constraints(args, line, capsys):

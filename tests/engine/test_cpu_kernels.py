@@ -1,5 +1,5 @@
-"""Our C++ CPU kernels match the torch path: decode and prefill attention, few-row linears, norms, rotary,
-KV writes."""
+"""Our C++ CPU kernels match the torch path: decode and prefill attention (over caches of the compute
+dtype and over int8 caches), few-row linears, norms, rotary, KV writes."""
 
 import pytest
 import torch
@@ -11,10 +11,10 @@ from engine.config import EngineConfig
 from engine.kernels import cpu_kernels
 from engine.layers.attention import (
     AttentionMetadata,
+    LayerCache,
     PrefillChunk,
     kernel_decode_attention,
     kernel_prefill_attention,
-    split_layer_cache,
     torch_decode_attention,
     torch_prefill_attention,
 )
@@ -23,60 +23,83 @@ from engine.layers.linear import Linear, max_kernel_rows
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.llm_engine import LLMEngine
+from engine.quantization import dequantize_int8, quantize_int8
 from engine.testing.tiny_models import TINY_CONFIGS, build_model
 
 BLOCK = 16
+KV_DTYPES = ["auto", "int8"]
 
 
-def random_case(seqs, heads, kv_heads, head_dim, max_len, dtype, seed=0):
+def random_cache(num_blocks, kv_heads, head_dim, dtype, kv_cache_dtype, generator) -> LayerCache:
+    """Random keys and values as the layer stores them: in `dtype`, or as int8 with their scales."""
+    tensor = torch.randn(2, num_blocks, kv_heads, BLOCK * head_dim, generator=generator).to(dtype)
+    cache = LayerCache(tensor, None, head_dim)
+    if kv_cache_dtype == "auto":
+        return cache
+    keys, key_scales = quantize_int8(cache.keys.transpose(-1, -2))  # per token: along head_dim
+    values, value_scales = quantize_int8(cache.values)
+    tensor = torch.stack([keys.transpose(-1, -2).flatten(-2), values.flatten(-2)])
+    return LayerCache(tensor, torch.stack([key_scales, value_scales]), head_dim)
+
+
+def float_keys_values(cache: LayerCache) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys (blocks, kv_heads, head_dim, 16) and values (blocks, kv_heads, 16, head_dim) in float32."""
+    if cache.scales is None:
+        return cache.keys.float(), cache.values.float()
+    keys = dequantize_int8(cache.keys.transpose(-1, -2), cache.scales[0]).transpose(-1, -2)
+    return keys, dequantize_int8(cache.values, cache.scales[1])
+
+
+def random_case(seqs, heads, kv_heads, head_dim, max_len, dtype, kv_cache_dtype="auto", seed=0):
     generator = torch.Generator().manual_seed(seed)
     num_blocks = seqs * (max_len // BLOCK + 1) + 3
-    layer_cache = torch.randn(2, num_blocks, kv_heads, BLOCK * head_dim, generator=generator).to(dtype)
+    cache = random_cache(num_blocks, kv_heads, head_dim, dtype, kv_cache_dtype, generator)
     lens = torch.randint(1, max_len + 1, (seqs,), generator=generator)
     width = int((lens.max() + BLOCK - 1) // BLOCK)
     tables = torch.randperm(num_blocks, generator=generator)[: seqs * width].view(seqs, width)
     q = torch.randn(seqs, heads, head_dim, generator=generator).to(dtype)
     meta = AttentionMetadata(torch.empty(0), torch.empty(0), seqs, tables, lens)
-    return q, layer_cache, meta
+    return q, cache, meta
 
 
-def plain_attention(q, layer_cache, meta):
+def plain_attention(q, cache: LayerCache, meta):
     """Attention for each sequence alone, reading its tokens one by one from the blocks."""
-    keys, values = split_layer_cache(layer_cache, q.shape[-1])
+    keys, values = float_keys_values(cache)
     outputs = []
     for row, length in enumerate(meta.decode_context_lens.tolist()):
         slots = [(meta.decode_block_tables[row, t // BLOCK], t % BLOCK) for t in range(length)]
         k = torch.stack([keys[b, :, :, o] for b, o in slots], dim=1)  # (kv_heads, tokens, head_dim)
         v = torch.stack([values[b, :, o, :] for b, o in slots], dim=1)
         query = q[row].unsqueeze(1).float()  # (heads, 1, head_dim)
-        out = F.scaled_dot_product_attention(query[None], k.float()[None], v.float()[None], enable_gqa=True)
+        out = F.scaled_dot_product_attention(query[None], k[None], v[None], enable_gqa=True)
         outputs.append(out[0, :, 0])
     return torch.stack(outputs)
 
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 2, 32), (8, 1, 128), (4, 4, 64)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_paths_match_plain_attention(heads, kv_heads, head_dim, dtype):
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_decode_paths_match_plain_attention(heads, kv_heads, head_dim, dtype, kv_cache_dtype):
     kernels = cpu_kernels()
     assert kernels is not None, "the C++ kernels did not build"
-    q, layer_cache, meta = random_case(5, heads, kv_heads, head_dim, max_len=70, dtype=dtype)
-    keys, values = split_layer_cache(layer_cache, head_dim)
-    expected = plain_attention(q, layer_cache, meta)
+    q, cache, meta = random_case(5, heads, kv_heads, head_dim, 70, dtype, kv_cache_dtype)
+    expected = plain_attention(q, cache, meta)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    via_kernel = kernel_decode_attention(q, keys, values, meta, kernels)
-    via_torch = torch_decode_attention(q, keys, values, meta)
-    torch.testing.assert_close(via_kernel.float(), expected, atol=tolerance, rtol=tolerance)
-    torch.testing.assert_close(via_torch.float(), expected, atol=tolerance, rtol=tolerance)
+    via_kernel = kernel_decode_attention(q, cache, meta, kernels)
+    via_torch = torch_decode_attention(q, cache, meta)
+    for got in via_kernel, via_torch:
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
 
 
-def plain_prefill(q, layer_cache, block_ids, cached):
+def plain_prefill(q, cache: LayerCache, block_ids, cached):
     """Each chunk position alone, with an explicit softmax over the tokens it may see, read one by one;
     also the probabilities of the last WINDOW positions summed over them and their heads."""
-    keys, values = split_layer_cache(layer_cache, q.shape[-1])
+    keys, values = float_keys_values(cache)
     context = cached + q.shape[0]
     slots = [(block_ids[t // BLOCK], t % BLOCK) for t in range(context)]
-    k = torch.stack([keys[b, :, :, o] for b, o in slots], dim=1).float()  # (kv_heads, context, head_dim)
-    v = torch.stack([values[b, :, o, :] for b, o in slots], dim=1).float()
+    k = torch.stack([keys[b, :, :, o] for b, o in slots], dim=1)  # (kv_heads, context, head_dim)
+    v = torch.stack([values[b, :, o, :] for b, o in slots], dim=1)
     group = q.shape[1] // k.shape[0]
     k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
     outputs, received = [], torch.zeros(context)
@@ -92,16 +115,16 @@ def plain_prefill(q, layer_cache, block_ids, cached):
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 2, 32), (8, 1, 128), (4, 4, 64)])
 @pytest.mark.parametrize("chunk, cached", [(1, 0), (45, 0), (7, 33), (40, 200)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_prefill_paths_match_plain_attention(heads, kv_heads, head_dim, chunk, cached, dtype):
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_prefill_paths_match_plain_attention(heads, kv_heads, head_dim, chunk, cached, dtype, kv_cache_dtype):
     generator = torch.Generator().manual_seed(chunk + cached)
     context = cached + chunk
     num_blocks = context // BLOCK + 4
-    layer_cache = torch.randn(2, num_blocks, kv_heads, BLOCK * head_dim, generator=generator).to(dtype)
+    cache = random_cache(num_blocks, kv_heads, head_dim, dtype, kv_cache_dtype, generator)
     block_ids = torch.randperm(num_blocks, generator=generator)[: -(-context // BLOCK)]
     # q as the model makes it: a view into the fused qkv projection's rows
     q = torch.randn(chunk, heads + 2 * kv_heads, head_dim, generator=generator).to(dtype)[:, :heads]
-    expected, expected_received = plain_prefill(q, layer_cache, block_ids, cached)
-    keys, values = split_layer_cache(layer_cache, head_dim)
+    expected, expected_received = plain_prefill(q, cache, block_ids, cached)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     for attend in kernel_prefill_attention, torch_prefill_attention:
         store = torch.zeros(num_blocks * BLOCK)
@@ -109,7 +132,7 @@ def test_prefill_paths_match_plain_attention(heads, kv_heads, head_dim, chunk, c
         prefill = PrefillChunk(0, chunk, block_ids, cached)
         meta = AttentionMetadata(torch.empty(0), torch.empty(0), prefills=[prefill])
         tracker.start_step(torch.empty(0, dtype=torch.long), meta)
-        out = attend(q, keys, values, prefill, 0, tracker, cpu_kernels())
+        out = attend(q, cache, prefill, 0, tracker, cpu_kernels())
         assert out.dtype == dtype and out.shape == (chunk, heads, head_dim)
         torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
         slots = tracker.slots_of(block_ids, context)
@@ -117,17 +140,18 @@ def test_prefill_paths_match_plain_attention(heads, kv_heads, head_dim, chunk, c
         assert store.sum() == pytest.approx(store[slots].sum())  # nothing outside the context
 
 
-@pytest.mark.parametrize("quantization", [None, "int8"])
-def test_the_engine_uses_the_kernels_and_the_torch_path_gives_the_same_tokens(
-    smollm2_dir, oracle, quantization
-):
-    prompts, expected = oracle("smollm2", 24, quantization)
-    llm = LLM(str(smollm2_dir), dtype="float32", quantization=quantization, num_kv_blocks=512)
+VARIANTS = {"plain": {}, "int8-weights": {"quantization": "int8"}, "int8-kv": {"kv_cache_dtype": "int8"}}
+
+
+@pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
+def test_the_engine_uses_the_kernels_and_the_torch_path_gives_the_same_tokens(smollm2_dir, oracle, variant):
+    prompts, _ = oracle("smollm2", 24, **variant)
+    llm = LLM(str(smollm2_dir), dtype="float32", num_kv_blocks=512, **variant)
     model = llm.engine.runner.model
     assert model.layers[0].self_attn.kernels is not None and model.lm_head.kernels is not None
     model.use_kernels(None, attention=False)  # what a CUDA device (or a machine without a compiler) runs
     outputs = llm.generate(prompts[:3], SamplingParams(temperature=0, max_tokens=24))
-    assert [o.outputs[0].token_ids for o in outputs] == expected[:3]
+    oracle.assert_matches("smollm2", [o.outputs[0].token_ids for o in outputs], variant)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 11, 64])
@@ -181,15 +205,16 @@ def test_norm_rotary_and_cache_write_kernels_match_the_torch_path(dtype):
     torch.testing.assert_close(got_q, expected_q, **tolerance)
     torch.testing.assert_close(got_k, expected_k, **tolerance)
 
-    layer_cache = torch.zeros(2, 6, 2, BLOCK * 64, dtype=dtype)
     slot_blocks, slot_offsets = torch.tensor([5, 0, 5, 2, 3]), torch.tensor([0, 15, 1, 7, 9])
     meta = AttentionMetadata(slot_blocks, slot_offsets)
-    expected_cache = layer_cache.clone()
-    keys, values = split_layer_cache(expected_cache, 64)
-    keys[slot_blocks, :, :, slot_offsets] = k
-    values[slot_blocks, :, slot_offsets, :] = q[:, :2]
-    kernels.write_kv(k, q[:, :2], layer_cache, meta.slot_blocks, meta.slot_offsets)
-    assert torch.equal(layer_cache, expected_cache)
+    for cache_dtype in dtype, torch.int8:  # an int8 cache: quantized in C++ exactly as in torch
+        scales = torch.zeros(2, 6, 2, BLOCK) if cache_dtype == torch.int8 else None
+        expected = LayerCache(torch.zeros(2, 6, 2, BLOCK * 64, dtype=cache_dtype), scales, 64)
+        got = LayerCache(expected.tensor.clone(), scales.clone() if scales is not None else None, 64)
+        expected.write(k, q[:, :2], meta)
+        kernels.write_kv(k, q[:, :2], got.tensor, meta.slot_blocks, meta.slot_offsets, got.scales)
+        assert torch.equal(got.tensor, expected.tensor)
+        assert scales is None or torch.equal(got.scales, expected.scales)
 
 
 def test_a_bf16_prefill_product_is_a_float32_product_rounded_once():
@@ -218,26 +243,24 @@ def one_call_model_dirs(smollm2_dir, tiny_model_dirs, tmp_path_factory):
     return {"smollm2": smollm2_dir, "qwen2": qwen2, "qwen3": tiny_model_dirs["qwen3"]}
 
 
-@pytest.mark.parametrize("quantization", [None, "int8"])
+@pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
 @pytest.mark.parametrize("name", ["smollm2", "qwen2", "qwen3"])
-def test_a_decode_step_in_one_call_computes_what_the_layers_compute(name, quantization, one_call_model_dirs):
-    config = EngineConfig(
-        model=one_call_model_dirs[name], dtype="float32", quantization=quantization, num_kv_blocks=64
-    )
+def test_a_decode_step_in_one_call_computes_what_the_layers_compute(name, variant, one_call_model_dirs):
+    config = EngineConfig(model=one_call_model_dirs[name], dtype="float32", num_kv_blocks=64, **variant)
     engine = LLMEngine(config)
     runner, model = engine.runner, engine.runner.model
     assert model.decode_layers is not None
     forward, compared = model.forward, []
 
-    def both_paths(input_ids, positions, kv_caches, meta):
+    def both_paths(input_ids, positions, kv_cache, kv_scales, meta):
         if meta.prefills:
-            return forward(input_ids, positions, kv_caches, meta)
+            return forward(input_ids, positions, kv_cache, kv_scales, meta)
         importance_before = runner.kv_cache.importance.clone()
-        hidden = forward(input_ids, positions, kv_caches, meta)
+        hidden = forward(input_ids, positions, kv_cache, kv_scales, meta)
         one_call_importance = runner.kv_cache.importance.clone()
         runner.kv_cache.importance.copy_(importance_before)
         one_call, model.decode_layers = model.decode_layers, None
-        expected = forward(input_ids, positions, kv_caches, meta)  # layer by layer, writing the same KV
+        expected = forward(input_ids, positions, kv_cache, kv_scales, meta)  # layer by layer, the same KV
         model.decode_layers = one_call
         assert torch.equal(hidden, expected)
         torch.testing.assert_close(one_call_importance, runner.kv_cache.importance)

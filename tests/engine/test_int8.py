@@ -1,5 +1,7 @@
 """Weight-only int8: the quantization round trip, every product path against a float reference computed
-from the dequantized weights, and the engine's option checks."""
+from the dequantized weights, and the engine's option checks.  The int8 KV cache: its sizes, what the
+engine reports, and slots read and written in their stored form (its attention kernels are tested in
+test_cpu_kernels.py, its outputs in test_greedy_equals_transformers.py)."""
 
 import pytest
 import torch
@@ -8,7 +10,8 @@ import torch.nn.functional as F
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.kernels import cpu_kernels
-from engine.llm_engine import model_fingerprint
+from engine.kv_cache import KvCache
+from engine.llm_engine import LLMEngine, model_fingerprint
 from engine.quantization import dequantize_int8, int8_linear, quantize_int8
 
 
@@ -86,3 +89,39 @@ def test_every_linear_layer_is_int8_and_the_tied_embeddings_stay_in_the_compute_
 def test_kv_saved_under_one_quantization_is_not_taken_for_another(smollm2_dir):
     fingerprints = {model_fingerprint(smollm2_dir, torch.bfloat16, q) for q in (None, "int8")}
     assert len(fingerprints) == 2
+
+
+def test_an_unknown_kv_cache_dtype_is_refused_by_name(smollm2_dir):
+    with pytest.raises(ValueError, match=r"kv_cache_dtype must be one of \('auto', 'int8'\), got 'fp8'"):
+        EngineConfig(model=smollm2_dir, kv_cache_dtype="fp8")
+
+
+def test_an_int8_kv_pool_holds_about_twice_the_tokens_of_a_bf16_one_and_says_so(smollm2_dir):
+    stats = {}
+    for kv_cache_dtype in "auto", "int8":
+        config = EngineConfig(
+            smollm2_dir, dtype="bfloat16", kv_cache_dtype=kv_cache_dtype, kv_cache_memory_gb=0.05
+        )
+        stats[kv_cache_dtype] = LLMEngine(config).stats()
+    bf16, int8 = stats["auto"], stats["int8"]
+    assert (bf16.dtype, bf16.kv_cache_dtype, int8.dtype, int8.kv_cache_dtype) == ("bfloat16",) * 3 + ("int8",)
+    # SmolLM2: head_dim 64, so 64 bytes and a 4-byte scale per token, KV head and layer against 128 bytes.
+    assert int8.kv_pool_tokens / bf16.kv_pool_tokens == pytest.approx(128 / 68, rel=0.01)
+    assert int8.kv_pool_bytes <= 0.05 * 2**30 and int8.kv_pool_bytes / int8.kv_pool_tokens == 2 * 30 * 3 * 68
+
+
+def test_slots_move_between_int8_pools_in_their_stored_form(smollm2_dir):
+    llm = LLM(str(smollm2_dir), dtype="float32", kv_cache_dtype="int8", num_kv_blocks=16)
+    llm.generate(
+        ["The quick brown fox jumps over the lazy dog."], SamplingParams(temperature=0, max_tokens=4)
+    )
+    cache = llm.engine.runner.kv_cache
+    assert cache.tensor.dtype == torch.int8 and cache.scales.abs().sum() > 0
+    stored = cache.read_slots(cache.slot_ids([0], 10)).cpu()
+    assert stored.keys.dtype == torch.int8 and stored.scales.shape == (30, 2, 10, 3)
+    cache.write_slots(cache.slot_ids([5], 10), stored)
+    moved = cache.read_slots(cache.slot_ids([5], 10))
+    assert all(torch.equal(a, b) for a, b in [(moved.keys, stored.keys), (moved.scales, stored.scales)])
+    float_pool = KvCache(llm.engine.runner.model.shape, 4, 16, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="cannot go into"):
+        float_pool.write_slots(float_pool.slot_ids([0], 10), stored)

@@ -20,8 +20,11 @@ QUESTIONS = [
 ]
 
 
-def memory_for(model_dir, data_dir, blocks=512, **options) -> SessionMemory:
-    engine = AsyncEngine(EngineConfig(model=model_dir, dtype="float32", num_kv_blocks=blocks))
+def memory_for(model_dir, data_dir, blocks=512, kv_cache_dtype="auto", **options) -> SessionMemory:
+    config = EngineConfig(
+        model=model_dir, dtype="float32", num_kv_blocks=blocks, kv_cache_dtype=kv_cache_dtype
+    )
+    engine = AsyncEngine(config)
     return SessionMemory(engine, MemoryConfig(data_dir=data_dir, **options))
 
 

@@ -2,6 +2,8 @@
 
 import asyncio
 
+import pytest
+
 from engine.sampling_params import SamplingParams
 from tests.memory.session_memory.conftest import memory_for
 
@@ -32,14 +34,17 @@ async def two_turns_each(memory) -> dict[str, list[int]]:
     return {topic: a + b for topic, a, b in zip(TOPICS, first, second, strict=True)}
 
 
-def test_sessions_beyond_the_pool_go_to_disk_and_come_back_exact(tiny_model_dirs, tmp_path):
-    roomy = memory_for(tiny_model_dirs["qwen3"], tmp_path / "roomy", blocks=512)
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_sessions_beyond_the_pool_go_to_disk_and_come_back_exact(tiny_model_dirs, tmp_path, kv_cache_dtype):
+    roomy = memory_for(
+        tiny_model_dirs["qwen3"], tmp_path / "roomy", blocks=512, kv_cache_dtype=kv_cache_dtype
+    )
     try:
         expected = asyncio.run(two_turns_each(roomy))
     finally:
         roomy.shutdown()
     # Each session keeps ~6 blocks after its first turn: six of them overfill a 24-block pool.
-    tight = memory_for(tiny_model_dirs["qwen3"], tmp_path / "tight", blocks=24)
+    tight = memory_for(tiny_model_dirs["qwen3"], tmp_path / "tight", blocks=24, kv_cache_dtype=kv_cache_dtype)
     try:
         replies = asyncio.run(two_turns_each(tight))
         counters = tight.memory_stats()

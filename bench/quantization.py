@@ -1,4 +1,4 @@
-"""What int8 weights cost in quality, measured on our engine: perplexity of a fixed English and a fixed
+"""What int8 weights and the int8 KV cache cost in quality, measured on our engine: perplexity of a fixed
 Chinese text, and greedy agreement with float32 over 70 chat prompts, for each variant side by side.
 
     .venv/bin/python -m bench.quantization [--model DIR] [--window 1024] [--max-tokens 32]
@@ -28,6 +28,12 @@ VARIANTS = {  # name -> engine options
     "float32": {"dtype": "float32"},
     "bfloat16": {"dtype": "bfloat16"},
     "bfloat16 + int8 weights": {"dtype": "bfloat16", "quantization": "int8"},
+    "bfloat16 + int8 KV": {"dtype": "bfloat16", "kv_cache_dtype": "int8"},
+    "bfloat16 + int8 weights + int8 KV": {
+        "dtype": "bfloat16",
+        "quantization": "int8",
+        "kv_cache_dtype": "int8",
+    },
 }
 CHINESE_QUESTIONS = [
     "法国的首都是哪里？",

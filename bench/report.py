@@ -21,10 +21,12 @@ ROWS = [  # (label, scenario, metric)
     ("mixed load, short requests' p95 latency (s), FCFS", "mixed_fcfs", "short_latency_p95_s"),
     ("the same with our short-first policy", "mixed_short_first", "short_latency_p95_s"),
 ]
-ENGINES = ("ours", "ours_int8", "vllm", "transformers")
+ENGINES = ("ours", "ours_int8", "ours_int8kv", "ours_int8_int8kv", "vllm", "transformers")
 NAMES = {
     "ours": "ours",
     "ours_int8": "ours, int8 weights",
+    "ours_int8kv": "ours, int8 KV",
+    "ours_int8_int8kv": "ours, int8 weights + KV",
     "vllm": "vLLM CPU",
     "transformers": "transformers",
 }

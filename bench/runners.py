@@ -26,6 +26,7 @@ class Timing:
 
 class OursRunner:
     quantization: str | None = None
+    kv_cache_dtype = "auto"
 
     def __init__(self, model: str, dtype: str, policy: str = "fcfs", max_num_seqs: int = 64):
         from engine.config import EngineConfig
@@ -36,6 +37,7 @@ class OursRunner:
             scheduling_policy=policy,
             max_num_seqs=max_num_seqs,
             quantization=self.quantization,
+            kv_cache_dtype=self.kv_cache_dtype,
         )
         self.llm = None
         self.engine = None
@@ -186,9 +188,19 @@ class OursInt8Runner(OursRunner):
     quantization = "int8"
 
 
+class OursInt8KvRunner(OursRunner):
+    kv_cache_dtype = "int8"
+
+
+class OursInt8BothRunner(OursRunner):
+    quantization, kv_cache_dtype = "int8", "int8"
+
+
 RUNNERS = {
     "ours": OursRunner,
     "ours_int8": OursInt8Runner,
+    "ours_int8kv": OursInt8KvRunner,
+    "ours_int8_int8kv": OursInt8BothRunner,
     "vllm": VllmRunner,
     "transformers": TransformersRunner,
 }

@@ -73,13 +73,13 @@ class Scenario:
     max_num_seqs: int = 64
 
 
-ALL = ("ours", "ours_int8", "vllm", "transformers")
+ALL = ("ours", "ours_int8", "ours_int8kv", "ours_int8_int8kv", "vllm", "transformers")
 DEFAULT_ENGINES = ("ours", "vllm", "transformers")
 SCENARIOS = {
     "offline": Scenario(ALL, lambda tok, args: workloads.offline(tok)),
     "short_chats": Scenario(ALL, lambda tok, args: workloads.short_chats(tok)),
     "online": Scenario(
-        ALL[:3],  # transformers' generate has no server loop
+        ALL[:-1],  # transformers' generate has no server loop
         lambda tok, args: workloads.online(tok, args.online_requests, args.rate),
         load_figures,
     ),
@@ -234,7 +234,8 @@ def parse_args() -> argparse.Namespace:
         nargs="+",
         default=list(DEFAULT_ENGINES),
         choices=ALL,
-        help="the first is the one the ratios are of; ours_int8 is ours with --quantization int8",
+        help="the first is the one the ratios are of; ours_int8: ours with --quantization int8, ours_int8kv: "
+        "with --kv-cache-dtype int8, ours_int8_int8kv: both",
     )
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     parser.add_argument("--rounds", type=int, default=3)

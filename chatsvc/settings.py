@@ -117,7 +117,7 @@ class Settings(BaseSettings):
         if self.quantization and self.engine == "vllm":
             raise ValueError("--quantization int8 is the native engine's; vLLM loads models quantized ahead")
         if self.kv_cache_dtype != "auto" and self.engine == "vllm":
-            raise ValueError("--kv-cache-dtype int8 is the native engine's; vLLM's CPU and GPU caches take fp8")
+            raise ValueError("--kv-cache-dtype int8 is the native engine's; vLLM's KV caches take fp8")
         return self
 
     def model_path(self) -> Path:

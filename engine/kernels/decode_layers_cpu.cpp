@@ -38,8 +38,8 @@ DecodeLayers::DecodeLayers(std::vector<LayerWeights> layers, int64_t heads, int6
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
     torch::Tensor x, torch::Tensor residual, torch::Tensor positions, torch::Tensor kv_cache,
-    std::optional<torch::Tensor> kv_scales, torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor slot_blocks, torch::Tensor slot_offsets,
-    bool sum_attention) const {
+    std::optional<torch::Tensor> kv_scales, torch::Tensor block_tables, torch::Tensor context_lens,
+    torch::Tensor slot_blocks, torch::Tensor slot_offsets, bool sum_attention) const {
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == static_cast<int64_t>(layers_.size()),
               "kv_cache: (layers, 2, blocks, kv_heads, block_size * head_dim)");
   const int64_t rows = x.size(0), head_dim = head_dim_;
@@ -78,7 +78,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
     const torch::Tensor probs =
         paged_qk(q, keys, block_tables, context_lens, max_context, scale, key_scales).softmax(-1);
     if (sum_attention) received.add_(probs.sum(1));
-    const torch::Tensor attended = paged_pv(probs, values, block_tables, context_lens, value_scales, x.scalar_type());
+    const torch::Tensor attended =
+        paged_pv(probs, values, block_tables, context_lens, value_scales, x.scalar_type());
     x = linear(attended.flatten(1), w.o, w.o_bias, w.o_scale);
     add_rms_norm(x, residual, w.post_norm, eps_);
     const auto gate_up = linear(x, w.gate_up, std::nullopt, w.gate_up_scale).chunk(2, -1);

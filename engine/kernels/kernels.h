@@ -52,11 +52,11 @@ class DecodeLayers {
                torch::Tensor cos, torch::Tensor sin, int64_t max_kernel_rows);
 
   // (x, residual) after the last layer, and, if `sum_attention`, the attention each context position
-  // received, summed over layers and heads: (rows, max_context) float32.
+  // received, summed over layers and heads: (rows, max_context) float32.  kv_scales: an int8 cache's.
   std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward(
       torch::Tensor x, torch::Tensor residual, torch::Tensor positions, torch::Tensor kv_cache,
-      std::optional<torch::Tensor> kv_scales, torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor slot_blocks,
-      torch::Tensor slot_offsets, bool sum_attention) const;
+      std::optional<torch::Tensor> kv_scales, torch::Tensor block_tables, torch::Tensor context_lens,
+      torch::Tensor slot_blocks, torch::Tensor slot_offsets, bool sum_attention) const;
 
  private:
   std::vector<LayerWeights> layers_;

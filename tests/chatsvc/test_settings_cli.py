@@ -73,7 +73,7 @@ def test_app_names_a_bad_environment_variable():
         (["--kv-cache-dtype", "fp8"], "error: --kv-cache-dtype: 'fp8' is not allowed: one of auto, int8"),
         (
             ["--kv-cache-dtype", "int8", "--engine", "vllm"],
-            "error: --kv-cache-dtype int8 is the native engine's; vLLM's CPU and GPU caches take fp8",
+            "error: --kv-cache-dtype int8 is the native engine's; vLLM's KV caches take fp8",
         ),
     ],
 )

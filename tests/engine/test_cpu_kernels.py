@@ -205,14 +205,20 @@ def test_norm_rotary_and_cache_write_kernels_match_the_torch_path(dtype):
     torch.testing.assert_close(got_q, expected_q, **tolerance)
     torch.testing.assert_close(got_k, expected_k, **tolerance)
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cache_write_kernel_matches_the_torch_path(dtype):
+    kernels = cpu_kernels()
+    generator = torch.Generator().manual_seed(1)
+    k, v = (torch.randn(5, 2, 64, generator=generator).to(dtype) for _ in range(2))
     slot_blocks, slot_offsets = torch.tensor([5, 0, 5, 2, 3]), torch.tensor([0, 15, 1, 7, 9])
     meta = AttentionMetadata(slot_blocks, slot_offsets)
     for cache_dtype in dtype, torch.int8:  # an int8 cache: quantized in C++ exactly as in torch
         scales = torch.zeros(2, 6, 2, BLOCK) if cache_dtype == torch.int8 else None
         expected = LayerCache(torch.zeros(2, 6, 2, BLOCK * 64, dtype=cache_dtype), scales, 64)
         got = LayerCache(expected.tensor.clone(), scales.clone() if scales is not None else None, 64)
-        expected.write(k, q[:, :2], meta)
-        kernels.write_kv(k, q[:, :2], got.tensor, meta.slot_blocks, meta.slot_offsets, got.scales)
+        expected.write(k, v, meta)
+        kernels.write_kv(k, v, got.tensor, meta.slot_blocks, meta.slot_offsets, got.scales)
         assert torch.equal(got.tensor, expected.tensor)
         assert scales is None or torch.equal(got.scales, expected.scales)
 

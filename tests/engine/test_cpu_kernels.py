@@ -24,6 +24,7 @@ from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.llm_engine import LLMEngine
 from engine.quantization import dequantize_int8, quantize_int8
+from engine.testing.oracle import VARIANTS
 from engine.testing.tiny_models import TINY_CONFIGS, build_model
 
 BLOCK = 16
@@ -138,9 +139,6 @@ def test_prefill_paths_match_plain_attention(heads, kv_heads, head_dim, chunk, c
         slots = tracker.slots_of(block_ids, context)
         torch.testing.assert_close(store[slots], expected_received, atol=1e-5, rtol=tolerance)
         assert store.sum() == pytest.approx(store[slots].sum())  # nothing outside the context
-
-
-VARIANTS = {"plain": {}, "int8-weights": {"quantization": "int8"}, "int8-kv": {"kv_cache_dtype": "int8"}}
 
 
 @pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())

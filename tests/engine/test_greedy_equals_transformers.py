@@ -5,10 +5,10 @@ with each key and value rounded the same way (engine/testing/oracle.py)."""
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.testing.oracle import VARIANTS
 
 MODELS = ["smollm2", "llama", "qwen2", "qwen3"]
 MAX_NEW = 24
-VARIANTS = {"plain": {}, "int8-weights": {"quantization": "int8"}, "int8-kv": {"kv_cache_dtype": "int8"}}
 pytestmark = pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
 
 

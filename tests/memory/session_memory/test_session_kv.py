@@ -10,7 +10,6 @@ from memory.session_memory import kv_files
 from tests.memory.session_memory.conftest import QUESTIONS, Conversation, memory_for
 
 KV_DTYPES = ["auto", "int8"]
-NEAR_TIE = 0.1  # see tests/engine/conftest.py
 
 
 def assert_equals_transformers(model, turn, max_tokens: int, kv_cache_dtype: str) -> None:
@@ -20,7 +19,7 @@ def assert_equals_transformers(model, turn, max_tokens: int, kv_cache_dtype: str
         assert turn.reply_ids == expected
     else:
         margins = greedy_margins(model, turn.prompt_ids, expected, kv_cache_dtype)
-        assert first_divergence_is_a_near_tie(turn.reply_ids, expected, margins, NEAR_TIE)
+        assert first_divergence_is_a_near_tie(turn.reply_ids, expected, margins)
 
 
 @pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)

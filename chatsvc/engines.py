@@ -57,7 +57,12 @@ class EngineLoader:
             return
         stats = self._engine.stats()
         if stats.dtype:
-            log.info("model loaded: weights %s; KV pool %s", weights_line(stats), kv_pool_line(stats))
+            log.info(
+                "model loaded: weights %s; KV pool %s; speculative decoding %s",
+                weights_line(stats),
+                kv_pool_line(stats),
+                stats.speculative,
+            )
 
     @property
     def state(self) -> str:

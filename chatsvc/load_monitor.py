@@ -50,6 +50,7 @@ class LoadMonitor:
             session_memory=session_memory,
             weights=weights_line(stats),
             kv_pool=kv_pool_line(stats),
+            speculative=speculative_line(stats),
             note=note,
         )
 
@@ -65,6 +66,20 @@ def kv_pool_line(stats: EngineStats) -> str:
     if not stats.kv_cache_dtype:
         return ""
     return f"{stats.kv_cache_dtype}, {stats.kv_pool_bytes / 1e6:.0f} MB, {stats.kv_pool_tokens:,} tokens"
+
+
+def speculative_line(stats: EngineStats) -> str:
+    """`ngram: 812 of 1,204 draft tokens accepted (67 %), 2.1 tokens a step`: since the engine started."""
+    if stats.speculative == "none":
+        return ""
+    if not stats.spec_num_drafts:
+        return f"{stats.speculative}: no drafts yet"
+    share = stats.spec_accepted_tokens / stats.spec_draft_tokens
+    per_step = 1 + stats.spec_accepted_tokens / stats.spec_num_drafts
+    return (
+        f"{stats.speculative}: {stats.spec_accepted_tokens:,} of {stats.spec_draft_tokens:,} draft tokens "
+        f"accepted ({share:.0%}), {per_step:.1f} tokens a drafted step"
+    )
 
 
 def _hit_rate(first: EngineStats, last: EngineStats) -> float | None:

@@ -91,14 +91,23 @@ class EngineStatsCollector(Collector):
             ),
             "generation_tokens": ("Tokens generated.", stats.generation_tokens_total),
             "num_preemptions": ("Requests preempted to free KV cache.", stats.num_preemptions),
+            "spec_decode_num_drafts": ("Speculative drafts checked.", stats.spec_num_drafts),
+            "spec_decode_num_draft_tokens": ("Tokens in speculative drafts.", stats.spec_draft_tokens),
+            "spec_decode_num_accepted_tokens": (
+                "Speculative draft tokens accepted.",
+                stats.spec_accepted_tokens,
+            ),
         }
-        info = InfoMetricFamily(PREFIX + "engine", "How the engine computes: dtypes and weight quantization.")
+        info = InfoMetricFamily(
+            PREFIX + "engine", "How the engine computes: dtypes, weight quantization, speculative decoding."
+        )
         info.add_metric(
             [],
             {
                 "dtype": stats.dtype,
                 "quantization": stats.quantization,
                 "kv_cache_dtype": stats.kv_cache_dtype,
+                "speculative": stats.speculative,
             },
         )
         yield info

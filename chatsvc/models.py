@@ -162,6 +162,8 @@ class Message(Base):
     completion_tokens: Mapped[int | None]
     ttft_seconds: Mapped[float | None]
     tokens_per_second: Mapped[float | None]
+    draft_tokens: Mapped[int | None]  # speculative decoding: tokens drafted for this reply
+    accepted_tokens: Mapped[int | None]  # of those, accepted
     citations: Mapped[list | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

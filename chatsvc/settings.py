@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from chatsvc.logins import LoginPolicy
 from engine.config import EngineConfig, resolve_device, resolve_dtype
 from engine.default_model import DEFAULT_CACHE_DIR, default_model_dir
+from engine.speculative import MAX_SPECULATIVE_TOKENS
 from engine.vllm_backend import VllmOptions
 from memory.retrieval.ingest import MAX_FILE_BYTES
 from memory.session_memory.config import MemoryConfig
@@ -43,6 +44,14 @@ class Settings(BaseSettings):
         description="auto = the dtype above; int8 = keys and values in 8 bits, a scale per token and KV head "
         "(native engine): about twice the sessions in the pool",
     )
+    speculative: Literal["ngram"] | None = Field(
+        None, description="ngram = speculative decoding by prompt lookup: drafts from the chat's own text"
+    )
+    num_speculative_tokens: int = Field(
+        4, ge=1, le=MAX_SPECULATIVE_TOKENS, description="most draft tokens a step"
+    )
+    prompt_lookup_min: int = Field(2, ge=1, description="shortest n-gram a draft is looked up by")
+    prompt_lookup_max: int = Field(4, ge=1, description="longest n-gram a draft is looked up by")
     engine: Literal["native", "vllm"] = Field(
         "native",
         description="native = our engine with session memory; vllm = vLLM's async engine (make vllm-cpu)",
@@ -118,6 +127,8 @@ class Settings(BaseSettings):
             raise ValueError("--quantization int8 is the native engine's; vLLM loads models quantized ahead")
         if self.kv_cache_dtype != "auto" and self.engine == "vllm":
             raise ValueError("--kv-cache-dtype int8 is the native engine's; vLLM's KV caches take fp8")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError("--prompt-lookup-min must not be above --prompt-lookup-max")
         return self
 
     def model_path(self) -> Path:
@@ -146,6 +157,10 @@ class Settings(BaseSettings):
             scheduling_policy=self.scheduling_policy,
             quantization=self.quantization,
             kv_cache_dtype=self.kv_cache_dtype,
+            speculative=self.speculative,
+            num_speculative_tokens=self.num_speculative_tokens,
+            prompt_lookup_min=self.prompt_lookup_min,
+            prompt_lookup_max=self.prompt_lookup_max,
         )
 
     def vllm_options(self) -> VllmOptions:
@@ -156,7 +171,19 @@ class Settings(BaseSettings):
             pipeline_parallel_size=self.pipeline_parallel_size,
             distributed_executor_backend=self.distributed_executor_backend,
             gpu_memory_utilization=self.gpu_memory_utilization,
+            speculative_config=self.speculative_config(),
         )
+
+    def speculative_config(self) -> dict | None:
+        """vLLM's form of the speculative settings."""
+        if self.speculative is None:
+            return None
+        return {
+            "method": self.speculative,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "prompt_lookup_min": self.prompt_lookup_min,
+            "prompt_lookup_max": self.prompt_lookup_max,
+        }
 
     def login_policy(self) -> LoginPolicy:
         return LoginPolicy(

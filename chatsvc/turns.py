@@ -80,6 +80,8 @@ class Progress:
     finish_reason: str | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
     def text(self) -> str:
         return "".join(self.parts)
@@ -89,6 +91,7 @@ class Progress:
         self.usage.prompt_tokens = delta.num_prompt_tokens
         self.usage.cached_tokens = delta.num_cached_tokens
         self.usage.completion_tokens += len(delta.token_ids)
+        self.draft_tokens, self.accepted_tokens = delta.num_draft_tokens, delta.num_accepted_tokens
         self.finish_reason = delta.finish_reason or self.finish_reason
         if not delta.text:
             return None
@@ -109,4 +112,6 @@ class Progress:
             completion_tokens=self.usage.completion_tokens,
             ttft_seconds=ttft,
             tokens_per_second=self.usage.completion_tokens / decode_time if decode_time > 0 else None,
+            draft_tokens=self.draft_tokens or None,
+            accepted_tokens=self.accepted_tokens if self.draft_tokens else None,
         )

@@ -78,4 +78,5 @@ class EnginePanel:
     session_memory: dict[str, int] | None  # session KV counters; None without session KV
     weights: str = ""  # dtype, quantization and size of the weights
     kv_pool: str = ""  # dtype, size and capacity of the KV block pool
+    speculative: str = ""  # drafting method and acceptance; empty when off
     note: str | None = None

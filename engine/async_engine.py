@@ -189,6 +189,8 @@ class AsyncEngine:
             finish_reason=seq.finish_reason if update.finished else None,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=max(seq.num_cached_tokens, 0),
+            num_draft_tokens=seq.draft.drafted if seq.draft else 0,
+            num_accepted_tokens=seq.draft.accepted if seq.draft else 0,
         )
         if not deliver(target, delta) and not update.finished:
             self.streams.pop(seq.request_id, None)

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from engine.quantization import KV_CACHE_DTYPES, QUANTIZATIONS
+from engine.speculative import MAX_SPECULATIVE_TOKENS, SPECULATIVE_METHODS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 POLICIES = ("fcfs", "short_first")
@@ -27,6 +28,10 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     quantization: str | None = None  # "int8": weight-only, one scale per output channel (vLLM's name)
     kv_cache_dtype: str = "auto"  # "int8": keys and values in 8 bits, a scale per token and KV head
+    speculative: str | None = None  # "ngram": drafts by prompt lookup (engine/speculative.py)
+    num_speculative_tokens: int = 4  # most draft tokens per sequence and step (vLLM's names from here)
+    prompt_lookup_min: int = 2  # shortest n-gram a draft is looked up by
+    prompt_lookup_max: int = 4  # longest
 
     def __post_init__(self):
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -37,6 +42,16 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.scheduling_policy not in POLICIES:
             raise ValueError(f"scheduling_policy must be one of {POLICIES}, got {self.scheduling_policy!r}")
+        if self.speculative is not None and self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative must be one of {SPECULATIVE_METHODS}, got {self.speculative!r}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(
+                "n-gram sizes need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                f"{self.prompt_lookup_min} and {self.prompt_lookup_max}"
+            )
+        drafts = self.num_speculative_tokens
+        if not 1 <= drafts <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], got {drafts}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

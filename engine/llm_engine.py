@@ -54,7 +54,7 @@ class LLMEngine:
         kv_cache = KvCache(model.shape, num_blocks, config.block_size, self.kv_dtype, self.device)
         self.runner = ModelRunner(model, kv_cache)
         self.session_kv = SessionCache(self.block_manager, kv_cache)
-        self.scheduler = Scheduler(config, self.block_manager, self.session_kv)
+        self.scheduler = Scheduler(config, self.block_manager, self.session_kv, self.max_model_len)
         self.fingerprint = model_fingerprint(config.model, self.dtype, config.quantization)
         self.memory_figures = {
             "dtype": str(self.dtype).removeprefix("torch."),
@@ -63,10 +63,18 @@ class LLMEngine:
             "weight_bytes": model.weight_bytes(),
             "kv_pool_bytes": kv_cache.nbytes,
             "kv_pool_tokens": num_blocks * config.block_size,
+            "speculative": config.speculative or "none",
         }
         self.sequences: dict[str, Sequence] = {}
         self.detokenizers: dict[str, Detokenizer] = {}
-        self.counters = {"prompt_tokens": 0, "prefill_tokens": 0, "generation_tokens": 0}
+        self.counters = {
+            "prompt_tokens": 0,
+            "prefill_tokens": 0,
+            "generation_tokens": 0,
+            "spec_drafts": 0,
+            "spec_draft_tokens": 0,
+            "spec_accepted_tokens": 0,
+        }
         self.recent_ttft: deque[float] = deque(maxlen=1000)
         self.recent_itl: deque[float] = deque(maxlen=5000)
 
@@ -129,24 +137,46 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        sampled = self.runner.run(batch)
-        for item in batch:
-            if not item.seq.output_token_ids:
-                self.counters["prefill_tokens"] += item.num_new_tokens
-            item.seq.num_computed_tokens += item.num_new_tokens
-            self.block_manager.cache_full_blocks(item.seq)
+        emitted = self.runner.run(batch)
         now = time.monotonic()
-        return [self.postprocess(seq, token, now) for seq, token in sampled.items()]
+        updates = []
+        for item in batch:
+            seq = item.seq
+            if not seq.output_token_ids:
+                self.counters["prefill_tokens"] += item.num_new_tokens
+            seq.num_computed_tokens += item.num_new_tokens
+            if item.draft_token_ids:
+                self.record_draft(seq, len(item.draft_token_ids), len(emitted[seq]) - 1)
+            if seq in emitted:
+                updates.append(self.postprocess(seq, emitted[seq], now))
+            else:
+                self.block_manager.cache_full_blocks(seq)
+        return updates
 
-    def postprocess(self, seq: Sequence, token: int, now: float) -> StepUpdate:
-        seq.append_token(token)
-        self.record_timing(seq, now)
+    def postprocess(self, seq: Sequence, tokens: list[int], now: float) -> StepUpdate:
+        """Append the step's tokens up to the first that stops the request (a draft's included)."""
         detokenizer = self.detokenizers[seq.request_id]
-        reason = self.stop_reason(seq, token, detokenizer.add(token))
+        taken, reason = [], None
+        for token in tokens:
+            seq.append_token(token)
+            taken.append(token)
+            reason = self.stop_reason(seq, token, detokenizer.add(token))
+            if reason:
+                break
+        self.record_timing(seq, now, len(taken))
+        # Every token but the newest has its KV now: accepted drafts were computed with this step.
+        seq.num_computed_tokens = seq.num_tokens - 1
+        self.block_manager.cache_full_blocks(seq)
         if reason:
             self.finish(seq, reason)
             del self.sequences[seq.request_id], self.detokenizers[seq.request_id]
-        return StepUpdate(seq, [token], detokenizer.take_new_text(reason is not None), reason is not None)
+        return StepUpdate(seq, taken, detokenizer.take_new_text(reason is not None), reason is not None)
+
+    def record_draft(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        seq.draft.record(drafted, accepted)
+        self.counters["spec_drafts"] += 1
+        self.counters["spec_draft_tokens"] += drafted
+        self.counters["spec_accepted_tokens"] += accepted
 
     def finish(self, seq: Sequence, reason: str) -> None:
         session = self.session_kv.retain(seq) if seq.session_id is not None else None
@@ -164,8 +194,9 @@ class LLMEngine:
             return "length"
         return None
 
-    def record_timing(self, seq: Sequence, now: float) -> None:
-        self.counters["generation_tokens"] += 1
+    def record_timing(self, seq: Sequence, now: float, num_tokens: int) -> None:
+        """One inter-token gap per step, however many tokens it emitted (as vLLM records them)."""
+        self.counters["generation_tokens"] += num_tokens
         if seq.first_token_time is None:
             seq.first_token_time = now
             self.recent_ttft.append(now - seq.arrival_time)
@@ -187,6 +218,9 @@ class LLMEngine:
             session_reused_tokens=self.session_kv.reused_tokens,
             generation_tokens_total=self.counters["generation_tokens"],
             num_preemptions=self.scheduler.num_preemptions,
+            spec_num_drafts=self.counters["spec_drafts"],
+            spec_draft_tokens=self.counters["spec_draft_tokens"],
+            spec_accepted_tokens=self.counters["spec_accepted_tokens"],
             ttft_seconds=list(self.recent_ttft),
             itl_seconds=list(self.recent_itl),
             **self.memory_figures,

@@ -8,7 +8,7 @@ from engine.kv_cache import KvCache
 from engine.layers.attention import AttentionMetadata, PrefillChunk
 from engine.layers.importance import ImportanceTracker
 from engine.models.decoder import CausalLM, ModelShape
-from engine.sampler import sample
+from engine.sampler import accept_drafts, sample
 from engine.sequence import ScheduledSeq, Sequence
 
 
@@ -23,25 +23,50 @@ class ModelRunner:
             model.use_kernels(cpu_kernels(), attention=attention_kernels_fit(model.shape, self.block_size))
 
     @torch.inference_mode()
-    def run(self, batch: list[ScheduledSeq]) -> dict[Sequence, int]:
-        """Compute the KV of every scheduled token; sample for sequences whose tokens are all computed."""
-        batch = sorted(batch, key=lambda item: item.num_new_tokens > 1)  # single-token queries first
+    def run(self, batch: list[ScheduledSeq]) -> dict[Sequence, list[int]]:
+        """Compute the KV of every scheduled token (drafts included); for each sequence whose tokens are
+        then all computed, the tokens the step emits: one, or its accepted drafts and one more."""
+        batch = sorted(batch, key=lambda item: item.num_input_tokens > 1)  # single-token queries first
         input_ids, positions, meta = self.prepare(batch)
         hidden = self.model(input_ids, positions, self.kv_cache.tensor, self.kv_cache.scales, meta)
-        ends = torch.tensor([item.num_new_tokens for item in batch]).cumsum(0) - 1
+        ends = torch.tensor([item.num_input_tokens for item in batch]).cumsum(0).tolist()
         samplers = [
-            i
-            for i, item in enumerate(batch)
+            (index, item)
+            for index, item in enumerate(batch)
             if item.seq.num_computed_tokens + item.num_new_tokens == item.seq.num_tokens
         ]
         if not samplers:
             return {}
-        logits = self.model.logits(hidden[ends[samplers].to(self.device)])
-        seqs = [batch[i].seq for i in samplers]
-        return dict(zip(seqs, sample(logits, seqs, self.generator), strict=True))
+        rows = [
+            row
+            for index, item in samplers
+            for row in range(ends[index] - 1 - len(item.draft_token_ids), ends[index])
+        ]
+        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])
+        parts = logits.split([1 + len(item.draft_token_ids) for _, item in samplers])
+        return self.emit(samplers, parts, meta)
+
+    def emit(self, samplers: list[tuple[int, ScheduledSeq]], logits: list[torch.Tensor], meta) -> dict:
+        """Sample the plain rows together; check each draft against its rows."""
+        plain = [
+            (item.seq, rows)
+            for (_, item), rows in zip(samplers, logits, strict=True)
+            if not item.draft_token_ids
+        ]
+        emitted = {}
+        if plain:
+            seqs = [seq for seq, _ in plain]
+            chosen = sample(torch.cat([rows for _, rows in plain]), seqs, self.generator)
+            emitted = {seq: [token] for seq, token in zip(seqs, chosen, strict=True)}
+        for (index, item), rows in zip(samplers, logits, strict=True):
+            if item.draft_token_ids:
+                emitted[item.seq] = accept_drafts(rows, item.seq, item.draft_token_ids, self.generator)
+                if meta.importance is not None:  # only the queries of accepted positions count
+                    meta.importance.commit_draft(index - meta.num_decode_tokens, len(emitted[item.seq]))
+        return emitted
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        decodes = [item.seq for item in batch if item.num_new_tokens == 1]
+        decodes = [item.seq for item in batch if item.num_input_tokens == 1]
         ids: list[int] = [seq.token_ids[seq.num_computed_tokens] for seq in decodes]
         positions: list[int] = [seq.positions[seq.num_computed_tokens] for seq in decodes]
         slot_parts = []
@@ -52,16 +77,20 @@ class ModelRunner:
             slot_parts.append(self.prepare_decodes(decodes, meta))
         start = len(decodes)
         for item in batch[len(decodes) :]:
-            seq, count = item.seq, item.num_new_tokens
+            seq, count, drafts = item.seq, item.num_input_tokens, item.draft_token_ids
             first = seq.num_computed_tokens
-            ids += seq.token_ids[first : first + count]
-            positions += seq.positions[first : first + count]
+            ids += seq.token_ids[first : first + item.num_new_tokens] + drafts
+            last_position = seq.positions[first + item.num_new_tokens - 1]
+            positions += seq.positions[first : first + item.num_new_tokens]
+            positions += range(last_position + 1, last_position + 1 + len(drafts))
             block_table = torch.tensor(seq.block_table[: blocks_for(first + count, self.block_size)])
             new_slots = torch.arange(first, first + count)
             slot_parts.append(
                 block_table[new_slots // self.block_size] * self.block_size + new_slots % self.block_size
             )
-            meta.prefills.append(PrefillChunk(start, start + count, block_table.to(self.device), first))
+            meta.prefills.append(
+                PrefillChunk(start, start + count, block_table.to(self.device), first, drafted=bool(drafts))
+            )
             start += count
         slots = torch.cat(slot_parts).to(self.device)
         meta.slot_blocks, meta.slot_offsets = slots // self.block_size, slots % self.block_size

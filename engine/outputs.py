@@ -31,3 +31,5 @@ class StreamDelta:
     finish_reason: str | None
     num_prompt_tokens: int
     num_cached_tokens: int
+    num_draft_tokens: int = 0  # speculative decoding, so far in this request: tokens drafted
+    num_accepted_tokens: int = 0  # and of those, accepted

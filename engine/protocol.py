@@ -21,6 +21,9 @@ class EngineStats:
     session_reused_tokens: int = 0  # prompt tokens served from sessions' KV
     generation_tokens_total: int = 0
     num_preemptions: int = 0
+    spec_num_drafts: int = 0  # speculative decoding: drafts checked
+    spec_draft_tokens: int = 0  # tokens in them
+    spec_accepted_tokens: int = 0  # of those, accepted
     ttft_seconds: list[float] = field(default_factory=list)  # recent requests, oldest first
     itl_seconds: list[float] = field(default_factory=list)  # recent inter-token gaps
     dtype: str = ""  # the compute dtype
@@ -29,6 +32,7 @@ class EngineStats:
     weight_bytes: int = 0
     kv_pool_bytes: int = 0
     kv_pool_tokens: int = 0  # tokens the KV block pool holds
+    speculative: str = "none"  # the drafting method, or none
 
     @property
     def kv_usage(self) -> float:

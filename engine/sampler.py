@@ -1,7 +1,10 @@
-"""Next-token choice for a batch of rows, each with its own SamplingParams."""
+"""Next-token choice for a batch of rows, each with its own SamplingParams, and the check of a draft."""
+
+from dataclasses import dataclass
 
 import torch
 
+from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
 
@@ -31,15 +34,24 @@ def apply_repetition_penalty(logits: torch.Tensor, seqs: list[Sequence]) -> torc
 
 
 def sample_random(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator) -> torch.Tensor:
-    temperatures = torch.tensor([seq.params.temperature for seq in seqs], device=logits.device)
-    logits = logits / temperatures[:, None]
-    logits = mask_top_k_top_p(logits, seqs)
-    probs = logits.softmax(dim=-1)
+    probs = tempered_probs(logits, seqs)
     # probs / Exp(1) noise has its argmax distributed as probs; noise per row lets a seed fix a row.
     noise = torch.empty_like(probs)
     for row, seq in enumerate(seqs):
         noise[row].exponential_(generator=seq.generator or generator)
     return (probs / noise).argmax(dim=-1)
+
+
+def target_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """The distribution each row samples from: after penalty, temperature, top-k and top-p."""
+    if any(seq.params.repetition_penalty != 1.0 for seq in seqs):
+        logits = apply_repetition_penalty(logits, seqs)
+    return tempered_probs(logits, seqs)
+
+
+def tempered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    temperatures = torch.tensor([seq.params.temperature for seq in seqs], device=logits.device)
+    return mask_top_k_top_p(logits / temperatures[:, None], seqs).softmax(dim=-1)
 
 
 def mask_top_k_top_p(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -56,3 +68,56 @@ def mask_top_k_top_p(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor
     beyond_p = probs.cumsum(dim=-1) - probs >= torch.tensor(top_p, device=logits.device)[:, None]
     sorted_logits = sorted_logits.masked_fill(beyond_p, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+@dataclass
+class DraftRow:
+    """Sampling at draft position `index` of a sequence: its text then includes the draft before it."""
+
+    seq: Sequence
+    drafts: list[int]
+    index: int
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.seq.params
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        return self.seq.generator
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.seq.token_ids + self.drafts[: self.index]
+
+
+def accept_drafts(
+    logits: torch.Tensor, seq: Sequence, drafts: list[int], generator: torch.Generator
+) -> list[int]:
+    """The tokens a step that checked `drafts` emits: the accepted drafts, then one token of the model's.
+
+    logits: (1 + len(drafts), vocab), the rows of the sequence's last token and of each draft token.
+    Greedy: drafts are accepted while they equal the argmax, so the output is exactly greedy decoding's.
+    Sampled: draft d is accepted with probability p(d) (the draft is one token for sure, so min(1, p/q)
+    is p), and a rejection samples from p without d, renormalised: the standard rule, which leaves the
+    output distribution unchanged.
+    """
+    rows = [DraftRow(seq, drafts, index) for index in range(len(drafts) + 1)]
+    if seq.params.greedy:
+        targets = sample(logits, rows, generator)
+        accepted = next((i for i, draft in enumerate(drafts) if draft != targets[i]), len(drafts))
+        return targets[: accepted + 1]
+    probs = target_probs(logits, rows)
+    source = seq.generator or generator
+    for index, draft in enumerate(drafts):
+        if torch.rand((), generator=source, device=probs.device) < probs[index, draft]:
+            continue
+        probs[index, draft] = 0
+        return [*drafts[:index], draw(probs[index], source)]
+    return [*drafts, draw(probs[-1], source)]
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from a (not necessarily normalised) distribution."""
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return int((probs / noise).argmax())

@@ -3,17 +3,29 @@ first among running sequences (a decode needs one token, a prefill a chunk), the
 
 When the block pool runs short, the lowest-priority running sequence is preempted by recompute: its
 blocks go back (keeping their prefix-cache hashes) and it waits at the front of the queue.
+
+With speculative decoding, decoding sequences then get drafts out of the budget that is left: drafts
+never delay another request's tokens, and never preempt or evict anything for their slots.
 """
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.sequence import ScheduledSeq, Sequence, Status
 from engine.session_kv import SessionCache
+from engine.speculative import DraftState, NgramDrafter
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, session_kv: SessionCache):
+    def __init__(
+        self, config: EngineConfig, block_manager: BlockManager, session_kv: SessionCache, max_model_len: int
+    ):
         self.max_num_seqs = config.max_num_seqs
+        self.max_model_len = max_model_len
+        self.drafter = None
+        if config.speculative == "ngram":
+            self.drafter = NgramDrafter(
+                config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max
+            )
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.short_first = config.scheduling_policy == "short_first"
         self.block_manager = block_manager
@@ -34,6 +46,8 @@ class Scheduler:
         budget -= sum(item.num_new_tokens for item in scheduled)
         if not preempted:
             scheduled += self.schedule_waiting(budget)
+        if self.drafter is not None:
+            self.add_drafts(scheduled, self.max_num_batched_tokens - sum(i.num_new_tokens for i in scheduled))
         return scheduled
 
     def schedule_running(self, budget: int) -> tuple[list[ScheduledSeq], bool]:
@@ -70,6 +84,35 @@ class Scheduler:
             scheduled.append(ScheduledSeq(seq, count))
             budget -= count
         return scheduled
+
+    def add_drafts(self, scheduled: list[ScheduledSeq], budget: int) -> None:
+        for item in scheduled:
+            seq = item.seq
+            if budget <= 0:
+                return
+            if item.num_new_tokens != 1 or seq.num_uncomputed_tokens != 1:
+                continue  # not decoding
+            if seq.draft is None:
+                seq.draft = DraftState.of_prompt(seq.prompt_token_ids)
+            seq.draft.sync(seq.output_token_ids)
+            # The step emits the accepted drafts and one more token: within max_tokens and the context.
+            room = min(
+                budget,
+                seq.params.max_tokens - len(seq.output_token_ids) - 1,
+                self.max_model_len - seq.num_tokens - 1,
+            )
+            drafts = self.drafter.propose(seq.draft, room)
+            if drafts and self.allocate_draft(seq, len(drafts)):
+                item.draft_token_ids = drafts
+                budget -= len(drafts)
+
+    def allocate_draft(self, seq: Sequence, count: int) -> bool:
+        """Slots for a draft, leaving a free block for each running sequence's next token."""
+        manager = self.block_manager
+        needed = manager.blocks_needed(seq.num_computed_tokens + 1 + count) - len(seq.block_table)
+        return needed <= manager.num_free_blocks - len(self.running) and manager.allocate_slots(
+            seq, 1 + count
+        )
 
     def begin(self, seq: Sequence) -> None:
         """Put the KV that can be reused under the sequence: its session's, else the prefix cache's."""

@@ -7,6 +7,7 @@ from enum import Enum, auto
 import torch
 
 from engine.sampling_params import SamplingParams
+from engine.speculative import DraftState
 
 
 class Status(Enum):
@@ -37,6 +38,7 @@ class Sequence:
     positions: list[int] = field(init=False)  # each slot's position in the text (RoPE), increasing
     session_reused: int = 0  # leading slots whose KV came from the session
     text_start: int = 0  # where in the prompt the slots after those continue
+    draft: DraftState | None = None  # with speculative decoding: its text for lookup, its acceptance
 
     def __post_init__(self):
         self.reset_to_prompt()
@@ -93,4 +95,9 @@ class ScheduledSeq:
     """A sequence in one step, with how many of its tokens the step computes."""
 
     seq: Sequence
-    num_new_tokens: int
+    num_new_tokens: int  # of the sequence's own tokens
+    draft_token_ids: list[int] = field(default_factory=list)  # checked after them in the same pass
+
+    @property
+    def num_input_tokens(self) -> int:
+        return self.num_new_tokens + len(self.draft_token_ids)

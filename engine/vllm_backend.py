@@ -26,6 +26,7 @@ class VllmOptions:
     distributed_executor_backend: str | None = None  # "mp" or "ray" (several machines)
     gpu_memory_utilization: float = 0.9
     seed: int = 0
+    speculative_config: dict | None = None  # e.g. {"method": "ngram", "num_speculative_tokens": 4, ...}
 
 
 class StatsCollector:
@@ -58,6 +59,11 @@ class StatsCollector:
             stats.kv_blocks_used = round(scheduler.kv_cache_usage * stats.kv_blocks_total)
             stats.prefix_cache_queries += scheduler.prefix_cache_stats.queries
             stats.prefix_cache_hits += scheduler.prefix_cache_stats.hits
+            if scheduler.spec_decoding_stats is not None:
+                spec = scheduler.spec_decoding_stats
+                stats.spec_num_drafts += spec.num_drafts
+                stats.spec_draft_tokens += spec.num_draft_tokens
+                stats.spec_accepted_tokens += spec.num_accepted_tokens
         if iteration is not None:
             stats.generation_tokens_total += iteration.num_generation_tokens
             stats.prompt_tokens_total += iteration.num_prompt_tokens
@@ -90,8 +96,11 @@ class VllmEngine:
             pipeline_parallel_size=options.pipeline_parallel_size,
             distributed_executor_backend=options.distributed_executor_backend,
             gpu_memory_utilization=options.gpu_memory_utilization,
+            speculative_config=options.speculative_config,
         )
         self.collector = StatsCollector()
+        if options.speculative_config:
+            self.collector.stats.speculative = options.speculative_config["method"]
         self.llm = AsyncLLM.from_engine_args(
             args, stat_loggers=[self.collector.logger_factory(StatLoggerBase)]
         )

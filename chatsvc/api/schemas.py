@@ -194,6 +194,8 @@ class MessagePublic(FromRow):
     completion_tokens: int | None
     ttft_seconds: float | None
     tokens_per_second: float | None
+    draft_tokens: int | None  # speculative decoding: tokens drafted for this reply
+    accepted_tokens: int | None  # of those, accepted
     citations: list[dict] | None
     created_at: datetime
     updated_at: datetime

@@ -166,6 +166,8 @@ def figures_box(reply: Message) -> dict:
         parts.append(f"{reply.ttft_seconds:.2f} s to first token")
     if reply.tokens_per_second is not None:
         parts.append(f"{reply.tokens_per_second:.1f} tokens/s")
+    if reply.draft_tokens:
+        parts.append(f"{reply.accepted_tokens or 0} of {reply.draft_tokens} drafted tokens accepted")
     if reply.prompt_tokens:
         parts.append(f"{reply.prompt_tokens} prompt tokens, {reply.cached_tokens or 0} reused")
     return {"title": " · ".join(parts) or "No figures", "status": "done"}

@@ -54,7 +54,15 @@ def figures(panel: EnginePanel) -> str:
         ("running", panel.running),
         ("waiting", panel.waiting),
         ("KV blocks used", f"{panel.kv_blocks_used} of {panel.kv_blocks_total}"),
-        *[(name, value) for name, value in (("weights", panel.weights), ("KV pool", panel.kv_pool)) if value],
+        *[
+            (name, value)
+            for name, value in (
+                ("weights", panel.weights),
+                ("KV pool", panel.kv_pool),
+                ("speculative decoding", panel.speculative),
+            )
+            if value
+        ],
     ]
     if panel.session_memory is not None:
         items += [(name.replace("_", " "), value) for name, value in panel.session_memory.items()]

@@ -7,8 +7,14 @@ from engine.config import resolve_device
 from engine.quantization import dequantize_int8, quantize_int8
 
 DEVICE = resolve_device("auto")
-# What the engine is checked against the oracle with: as is, int8 weights, the int8 KV cache.
-VARIANTS = {"plain": {}, "int8-weights": {"quantization": "int8"}, "int8-kv": {"kv_cache_dtype": "int8"}}
+# What the engine is checked against the oracle with: as is, int8 weights, the int8 KV cache, speculative
+# decoding (which must not change a greedy token).
+VARIANTS = {
+    "plain": {},
+    "int8-weights": {"quantization": "int8"},
+    "int8-kv": {"kv_cache_dtype": "int8"},
+    "ngram": {"speculative": "ngram"},
+}
 NEAR_TIE = 0.1  # logits: what one int8 key or value element rounded the other way moves them by, at most
 
 

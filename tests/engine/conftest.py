@@ -37,8 +37,8 @@ class Oracle:
         self.model_dirs = model_dirs
         self.cache = {}
 
-    def __call__(self, name, max_new_tokens=24, quantization=None, kv_cache_dtype="auto"):
-        """(prompts, greedy tokens of each)"""
+    def __call__(self, name, max_new_tokens=24, quantization=None, kv_cache_dtype="auto", speculative=None):
+        """(prompts, greedy tokens of each); speculation changes nothing in them."""
         prompts, tokens, _ = self.get(name, max_new_tokens, quantization, kv_cache_dtype)
         return prompts, tokens
 
@@ -46,7 +46,9 @@ class Oracle:
         """Our tokens for the first len(tokens) prompts equal transformers' token for token; with the
         int8 KV cache, up to a first divergence at a near tie (first_divergence_is_a_near_tie): SmolLM2's
         24-token replies here part at margins of 0.03 and below."""
-        _, expected, margins = self.get(name, max_new_tokens, **variant)
+        _, expected, margins = self.get(
+            name, max_new_tokens, variant.get("quantization"), variant.get("kv_cache_dtype", "auto")
+        )
         expected, margins = expected[: len(tokens)], margins[: len(tokens)]
         if variant.get("kv_cache_dtype") != "int8":
             assert tokens == expected

@@ -20,9 +20,15 @@ QUESTIONS = [
 ]
 
 
-def memory_for(model_dir, data_dir, blocks=512, kv_cache_dtype="auto", **options) -> SessionMemory:
+def memory_for(
+    model_dir, data_dir, blocks=512, kv_cache_dtype="auto", speculative=None, **options
+) -> SessionMemory:
     config = EngineConfig(
-        model=model_dir, dtype="float32", num_kv_blocks=blocks, kv_cache_dtype=kv_cache_dtype
+        model=model_dir,
+        dtype="float32",
+        num_kv_blocks=blocks,
+        kv_cache_dtype=kv_cache_dtype,
+        speculative=speculative,
     )
     engine = AsyncEngine(config)
     return SessionMemory(engine, MemoryConfig(data_dir=data_dir, **options))

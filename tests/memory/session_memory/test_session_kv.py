@@ -1,5 +1,6 @@
 """Session KV across turns: exact while within budget, restorable after a restart, and compressed with
-attention-based eviction when over it; with the KV cache in the compute dtype and in int8."""
+attention-based eviction when over it; with the KV cache in the compute dtype and in int8, and with
+speculative decoding."""
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from memory.session_memory import kv_files
 from tests.memory.session_memory.conftest import QUESTIONS, Conversation, memory_for
 
 KV_DTYPES = ["auto", "int8"]
+ENGINES = [("auto", None), ("int8", None), ("auto", "ngram")]  # (KV cache dtype, speculative)
 
 
 def assert_equals_transformers(model, turn, max_tokens: int, kv_cache_dtype: str) -> None:
@@ -22,13 +24,13 @@ def assert_equals_transformers(model, turn, max_tokens: int, kv_cache_dtype: str
         assert first_divergence_is_a_near_tie(turn.reply_ids, expected, margins)
 
 
-@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+@pytest.mark.parametrize("kv_cache_dtype, speculative", ENGINES)
 @pytest.mark.parametrize("model", ["smollm2", "qwen3"])
 def test_five_turns_equal_transformers_recomputing_and_prefill_only_new_tokens(
-    hf_models, tmp_path, model, kv_cache_dtype
+    hf_models, tmp_path, model, kv_cache_dtype, speculative
 ):
     dirs, models = hf_models
-    memory = memory_for(dirs[model], tmp_path, kv_cache_dtype=kv_cache_dtype)
+    memory = memory_for(dirs[model], tmp_path, kv_cache_dtype=kv_cache_dtype, speculative=speculative)
     chat = Conversation(memory, "five-turns")
     try:
         previous_text: list[int] = []
@@ -43,6 +45,7 @@ def test_five_turns_equal_transformers_recomputing_and_prefill_only_new_tokens(
         assert all(
             turn.cached >= len(earlier.prompt_ids) for earlier, turn in zip(chat.turns, later, strict=False)
         )
+        assert (memory.stats().spec_accepted_tokens > 0) == (speculative is not None)
     finally:
         memory.shutdown()
 
@@ -134,13 +137,16 @@ def test_a_damaged_kv_file_falls_back_to_recomputing_with_a_warning(smollm2_dir,
     assert turn.prefilled == len(turn.prompt_ids)  # the whole history, recomputed
 
 
-@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
-def test_over_budget_sessions_keep_sinks_recent_and_heavy_hitters(smollm2_dir, tmp_path, kv_cache_dtype):
+@pytest.mark.parametrize("kv_cache_dtype, speculative", ENGINES)
+def test_over_budget_sessions_keep_sinks_recent_and_heavy_hitters(
+    smollm2_dir, tmp_path, kv_cache_dtype, speculative
+):
     budget, recent = 96, 32
     memory = memory_for(
         smollm2_dir,
         tmp_path,
         kv_cache_dtype=kv_cache_dtype,
+        speculative=speculative,
         session_budget_tokens=budget,
         recent_tokens=recent,
     )
@@ -180,12 +186,12 @@ def masked_greedy(
     return ids[len(prompt_ids) :]
 
 
-@pytest.mark.parametrize("model", ["qwen3", "smollm2"])
+@pytest.mark.parametrize("model, speculative", [("qwen3", None), ("smollm2", None), ("smollm2", "ngram")])
 def test_evicted_kv_keeps_original_positions_as_transformers_with_those_tokens_masked(
-    hf_models, tmp_path, model
+    hf_models, tmp_path, model, speculative
 ):
     dirs, models = hf_models
-    memory = memory_for(dirs[model], tmp_path)
+    memory = memory_for(dirs[model], tmp_path, speculative=speculative)
     chat = Conversation(memory, "rope", max_tokens=10)
     try:
         for question in QUESTIONS[:2]:
@@ -200,3 +206,21 @@ def test_evicted_kv_keeps_original_positions_as_transformers_with_those_tokens_m
         assert turn.reply_ids == masked_greedy(models[model], turn.prompt_ids, evicted, reused_until, 10)
     finally:
         memory.shutdown()
+
+
+def test_speculation_counts_only_accepted_positions_in_the_attention_importance(smollm2_dir, tmp_path):
+    """Rejected drafts' queries must not add to what eviction keeps tokens by: the importance a session
+    holds after two turns is the same with speculation as without (up to the kernels' rounding)."""
+    held = {}
+    for speculative in None, "ngram":
+        memory = memory_for(smollm2_dir, tmp_path / str(speculative), speculative=speculative)
+        chat = Conversation(memory, "importance", max_tokens=24)
+        try:
+            for question in QUESTIONS[:2]:
+                chat.ask(question)
+            held[speculative] = memory.engine.call_sync(lambda m=memory: m.cache.importance("importance"))
+            stats = memory.stats()
+        finally:
+            memory.shutdown()
+    assert 0 < stats.spec_accepted_tokens < stats.spec_draft_tokens  # some drafts were rejected
+    torch.testing.assert_close(held["ngram"], held[None], rtol=1e-3, atol=1e-3)

@@ -1,0 +1,217 @@
+"""Speculative decoding by prompt lookup (`--speculative ngram`) off and on, side by side.
+
+    .venv/bin/python -m bench.speculative [--rounds 3] [--dtype bfloat16] [--concurrency 1 8 32]
+
+Greedy workloads (bench/spec_workloads.py):
+  kb_answers    knowledge-base answers whose prompt holds retrieved passages the answer should quote;
+  support_chat  10-turn support chats through session memory (each turn prefills only its new tokens);
+  rewrite       "rewrite this text with one change";
+  offline       bench.throughput's offline prompts (ignore_eos), which have little to match.
+At concurrency 1 each workload's requests run one after another and the figure is decode tokens/s (first
+token to last); at 8 and 32, that many requests (or chats) run at once and the figure is output tokens over
+the wall time.  Each round runs speculation off, then on, each in a fresh process that builds the engine
+and warms it up before any clock starts; a figure is the median of the rounds, a ratio the median of the
+per-round ratios.  Greedy outputs must be equal: every request's tokens are compared between the two.
+Results: bench/results/<machine kind>/speculative_<dtype>.json, plot docs/speculative_<kind>.png.
+"""
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import spec_workloads
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+VARIANTS = {"off": None, "ngram": "ngram"}
+
+
+async def timed(engine, request: spec_workloads.Request, request_id: str, session_id=None) -> dict:
+    from engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=request.max_tokens, ignore_eos=request.ignore_eos)
+    started, first, tokens = time.perf_counter(), None, []
+    prompt = {"prompt_token_ids": request.prompt_token_ids}
+    async for delta in engine.generate(prompt, params, request_id, session_id):
+        first = first or time.perf_counter()
+        tokens += delta.token_ids
+    return {"start": started, "first": first, "finish": time.perf_counter(), "tokens": tokens}
+
+
+async def run_chats(engine, tokenizer, chats: list[list[str]], name: str, max_tokens: int) -> list[dict]:
+    """Each chat's turns in order, the chats at once; each turn sends the whole history."""
+
+    async def chat(index: int, questions: list[str]) -> list[dict]:
+        messages, results = [{"role": "system", "content": spec_workloads.SUPPORT_SYSTEM}], []
+        for turn, question in enumerate(questions):
+            messages.append({"role": "user", "content": question})
+            request = spec_workloads.chat_request(tokenizer, messages, max_tokens)
+            result = await timed(engine, request, f"{name}-{index}-{turn}", session_id=f"{name}-{index}")
+            messages.append(
+                {"role": "assistant", "content": tokenizer.decode(result["tokens"], skip_special_tokens=True)}
+            )
+            results.append(result)
+        return results
+
+    per_chat = await asyncio.gather(*(chat(i, questions) for i, questions in enumerate(chats)))
+    return [result for results in per_chat for result in results]
+
+
+async def run_requests(engine, requests: list, name: str, concurrency: int) -> list[dict]:
+    if concurrency == 1:
+        return [await timed(engine, request, f"{name}-{i}") for i, request in enumerate(requests)]
+    return await asyncio.gather(*(timed(engine, r, f"{name}-{i}") for i, r in enumerate(requests)))
+
+
+def figures(results: list[dict], concurrency: int) -> dict:
+    tokens = sum(len(r["tokens"]) for r in results)
+    if concurrency == 1:
+        rate = sum(len(r["tokens"]) - 1 for r in results) / sum(r["finish"] - r["first"] for r in results)
+    else:
+        rate = tokens / (max(r["finish"] for r in results) - min(r["start"] for r in results))
+    digest = hashlib.sha256(json.dumps([r["tokens"] for r in results]).encode()).hexdigest()[:16]
+    return {"tokens_per_s": rate, "output_tokens": tokens, "outputs": digest}
+
+
+async def measure(engine, tokenizer, concurrencies: list[int], seed: int) -> dict:
+    found = {}
+    for workload in spec_workloads.WORKLOADS:
+        for concurrency in concurrencies:
+            before = engine.stats()
+            name, seed = f"{workload}{concurrency}-{seed}", seed + 1000
+            if workload == "support_chat":
+                chats = spec_workloads.support_chats(concurrency, seed)
+                results = await run_chats(engine, tokenizer, chats, name, 64)
+            else:
+                requests = spec_workloads.requests(workload, tokenizer, max(3, concurrency), seed)
+                results = await run_requests(engine, requests, name, concurrency)
+            after = engine.stats()
+            drafted = after.spec_draft_tokens - before.spec_draft_tokens
+            accepted = after.spec_accepted_tokens - before.spec_accepted_tokens
+            found[f"{workload}@{concurrency}"] = {
+                **figures(results, concurrency),
+                "draft_tokens": drafted,
+                "acceptance": accepted / drafted if drafted else None,
+            }
+            print(workload, concurrency, found[f"{workload}@{concurrency}"], file=sys.stderr)
+    return found
+
+
+def worker(args) -> dict:
+    from engine.async_engine import AsyncEngine
+    from engine.config import EngineConfig
+
+    config = EngineConfig(
+        model=args.model, dtype=args.dtype, speculative=VARIANTS[args.worker], max_num_seqs=64
+    )
+    engine = AsyncEngine(config)
+    try:
+        tokenizer = engine.tokenizer
+
+        async def both():
+            await measure(engine, tokenizer, [2], seed=100_000)  # warm-up: every path, not kept
+            return await measure(engine, tokenizer, args.concurrency, seed=0)
+
+        return asyncio.run(both())
+    finally:
+        engine.shutdown()
+
+
+def run_worker(variant: str, args) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        command = [sys.executable, "-m", "bench.speculative", "--worker", variant, "--model", args.model]
+        command += ["--dtype", args.dtype, "--out", out.name, "--concurrency", *map(str, args.concurrency)]
+        subprocess.run(command, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        return json.loads(Path(out.name).read_text())
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
+
+
+def summarize(rounds: list[dict[str, dict]]) -> dict:
+    rows = {}
+    for row in rounds[0]["off"]:
+        off = [r["off"][row] for r in rounds]
+        on = [r["ngram"][row] for r in rounds]
+        rows[row] = {
+            "off_tokens_per_s": spread([f["tokens_per_s"] for f in off]),
+            "ngram_tokens_per_s": spread([f["tokens_per_s"] for f in on]),
+            "speedup": spread([b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(off, on, strict=True)]),
+            "acceptance": statistics.median(f["acceptance"] or 0 for f in on),
+            "draft_tokens": statistics.median(f["draft_tokens"] for f in on),
+            "equal_outputs": all(a["outputs"] == b["outputs"] for a, b in zip(off, on, strict=True)),
+        }
+    return rows
+
+
+def plot(rows: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = spec_workloads.WORKLOADS
+    concurrencies = sorted({int(row.split("@")[1]) for row in rows})
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(concurrencies)
+    for i, concurrency in enumerate(concurrencies):
+        values = [rows[f"{w}@{concurrency}"]["speedup"]["median"] for w in workloads]
+        ax.bar([x + i * width for x in range(len(workloads))], values, width, label=f"{concurrency} at once")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([x + width * (len(concurrencies) - 1) / 2 for x in range(len(workloads))], workloads)
+    ax.set_ylabel("tokens/s, ngram / off (median of rounds)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--worker", choices=list(VARIANTS), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if not args.model:
+        from engine.default_model import default_model_dir
+
+        args.model = str(default_model_dir())
+    if args.worker:
+        Path(args.out).write_text(json.dumps(worker(args)))
+        return
+    from bench.machine import describe
+    from engine.config import resolve_device, resolve_dtype
+
+    args.dtype = str(resolve_dtype(args.dtype, resolve_device("cpu"))).removeprefix("torch.")
+    machine = describe(None)
+    rounds = [{variant: run_worker(variant, args) for variant in VARIANTS} for _ in range(args.rounds)]
+    rows = summarize(rounds)
+    folder = RESULTS / machine["kind"]
+    folder.mkdir(parents=True, exist_ok=True)
+    result = {"machine": machine, "dtype": args.dtype, "rounds": args.rounds, "rows": rows, "raw": rounds}
+    (folder / f"speculative_{args.dtype}.json").write_text(json.dumps(result, indent=2))
+    plot(
+        rows,
+        ROOT / "docs" / f"speculative_{machine['kind']}.png",
+        f"n-gram speculation, {args.dtype}, {machine['cpu']}",
+    )
+    for row, figures in rows.items():
+        print(row, {k: v["median"] if isinstance(v, dict) else v for k, v in figures.items()})
+
+
+if __name__ == "__main__":
+    main()

@@ -26,28 +26,28 @@ class ModelRunner:
     def run(self, batch: list[ScheduledSeq]) -> dict[Sequence, list[int]]:
         """Compute the KV of every scheduled token (drafts included); for each sequence whose tokens are
         then all computed, the tokens the step emits: one, or its accepted drafts and one more."""
-        batch = sorted(batch, key=lambda item: item.num_input_tokens > 1)  # single-token queries first
+        batch = sorted(batch, key=lambda item: item.num_new_tokens > 1)  # decodes (and drafts) first
         input_ids, positions, meta = self.prepare(batch)
         hidden = self.model(input_ids, positions, self.kv_cache.tensor, self.kv_cache.scales, meta)
-        ends = torch.tensor([item.num_input_tokens for item in batch]).cumsum(0).tolist()
         samplers = [
-            (index, item)
-            for index, item in enumerate(batch)
+            (first, item)
+            for first, item in zip(starts_of(batch), batch, strict=True)
             if item.seq.num_computed_tokens + item.num_new_tokens == item.seq.num_tokens
         ]
         if not samplers:
             return {}
+        # A plain sequence's last row; a drafted one's every row (its last token's, then each draft's).
         rows = [
             row
-            for index, item in samplers
-            for row in range(ends[index] - 1 - len(item.draft_token_ids), ends[index])
+            for first, item in samplers
+            for row in range(first + item.num_new_tokens - 1, first + item.num_input_tokens)
         ]
         logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])
         parts = logits.split([1 + len(item.draft_token_ids) for _, item in samplers])
         return self.emit(samplers, parts, meta)
 
     def emit(self, samplers: list[tuple[int, ScheduledSeq]], logits: list[torch.Tensor], meta) -> dict:
-        """Sample the plain rows together; check each draft against its rows."""
+        """Sample the plain sequences together; check each draft against its rows."""
         plain = [
             (item.seq, rows)
             for (_, item), rows in zip(samplers, logits, strict=True)
@@ -58,56 +58,67 @@ class ModelRunner:
             seqs = [seq for seq, _ in plain]
             chosen = sample(torch.cat([rows for _, rows in plain]), seqs, self.generator)
             emitted = {seq: [token] for seq, token in zip(seqs, chosen, strict=True)}
-        for (index, item), rows in zip(samplers, logits, strict=True):
+        for (first, item), rows in zip(samplers, logits, strict=True):
             if item.draft_token_ids:
                 emitted[item.seq] = accept_drafts(rows, item.seq, item.draft_token_ids, self.generator)
-                if meta.importance is not None:  # only the queries of accepted positions count
-                    meta.importance.commit_draft(index - meta.num_decode_tokens, len(emitted[item.seq]))
+                if meta.importance is not None:
+                    meta.importance.commit_draft(first, len(emitted[item.seq]))
         return emitted
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        decodes = [item.seq for item in batch if item.num_input_tokens == 1]
-        ids: list[int] = [seq.token_ids[seq.num_computed_tokens] for seq in decodes]
-        positions: list[int] = [seq.positions[seq.num_computed_tokens] for seq in decodes]
-        slot_parts = []
-        meta = AttentionMetadata(torch.empty(0), torch.empty(0), num_decode_tokens=len(decodes))
+        decodes = [item for item in batch if item.num_new_tokens == 1]
+        ids, positions, slot_parts = [], [], []
+        meta = AttentionMetadata(torch.empty(0), torch.empty(0))
         if any(item.seq.session_id is not None for item in batch):
             meta.importance = ImportanceTracker(self.kv_cache.importance, self.block_size)
         if decodes:
-            slot_parts.append(self.prepare_decodes(decodes, meta))
-        start = len(decodes)
+            slot_parts.append(self.prepare_decodes(decodes, meta, ids, positions))
+        start = meta.num_decode_tokens
         for item in batch[len(decodes) :]:
-            seq, count, drafts = item.seq, item.num_input_tokens, item.draft_token_ids
+            seq, count = item.seq, item.num_new_tokens
             first = seq.num_computed_tokens
-            ids += seq.token_ids[first : first + item.num_new_tokens] + drafts
-            last_position = seq.positions[first + item.num_new_tokens - 1]
-            positions += seq.positions[first : first + item.num_new_tokens]
-            positions += range(last_position + 1, last_position + 1 + len(drafts))
+            ids += seq.token_ids[first : first + count]
+            positions += seq.positions[first : first + count]
             block_table = torch.tensor(seq.block_table[: blocks_for(first + count, self.block_size)])
             new_slots = torch.arange(first, first + count)
             slot_parts.append(
                 block_table[new_slots // self.block_size] * self.block_size + new_slots % self.block_size
             )
-            meta.prefills.append(
-                PrefillChunk(start, start + count, block_table.to(self.device), first, drafted=bool(drafts))
-            )
+            meta.prefills.append(PrefillChunk(start, start + count, block_table.to(self.device), first))
             start += count
         slots = torch.cat(slot_parts).to(self.device)
         meta.slot_blocks, meta.slot_offsets = slots // self.block_size, slots % self.block_size
         if meta.importance is not None:
             meta.importance.start_step(slots, meta)
+            for first, item in zip(starts_of(decodes), decodes, strict=True):
+                if item.draft_token_ids:
+                    meta.importance.hold_draft(first, item.num_input_tokens)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         return input_ids, torch.tensor(positions, dtype=torch.long, device=self.device), meta
 
-    def prepare_decodes(self, seqs: list[Sequence], meta: AttentionMetadata) -> torch.Tensor:
-        width = max(len(seq.block_table) for seq in seqs)
-        tables = torch.tensor([seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs])
-        new_slots = torch.tensor([seq.num_computed_tokens for seq in seqs])
-        rows = torch.arange(len(seqs))
-        slots = tables[rows, new_slots // self.block_size] * self.block_size + new_slots % self.block_size
+    def prepare_decodes(self, items: list[ScheduledSeq], meta: AttentionMetadata, ids: list, positions: list):
+        """Single-token queries, one row each; a draft's tokens are rows too, each seeing the sequence's
+        cache up to its own position (the step writes every row's KV before any row attends), so checking
+        a draft costs a few more rows of a decode step."""
+        rows = [(item.seq, offset) for item in items for offset in range(item.num_input_tokens)]
+        for item in items:
+            seq, first = item.seq, item.seq.num_computed_tokens
+            ids += [seq.token_ids[first], *item.draft_token_ids]
+            positions += range(seq.positions[first], seq.positions[first] + item.num_input_tokens)
+        width = max(len(seq.block_table) for seq, _ in rows)
+        tables = torch.tensor([seq.block_table + [0] * (width - len(seq.block_table)) for seq, _ in rows])
+        new_slots = torch.tensor([seq.num_computed_tokens + offset for seq, offset in rows])
+        indices = torch.arange(len(rows))
+        slots = tables[indices, new_slots // self.block_size] * self.block_size + new_slots % self.block_size
+        meta.num_decode_tokens = len(rows)
         meta.decode_block_tables = tables.to(self.device)
         meta.decode_context_lens = (new_slots + 1).to(self.device)
         return slots
+
+
+def starts_of(items: list[ScheduledSeq]) -> list[int]:
+    """The first row of each item in the step's flat batch (items in batch order from row 0)."""
+    return [0, *torch.tensor([item.num_input_tokens for item in items]).cumsum(0).tolist()][: len(items)]
 
 
 def attention_kernels_fit(shape: ModelShape, block_size: int) -> bool:

@@ -9,10 +9,9 @@
 // is divided by its softmax sum at the end.  Rows go kRows at a time against 2 * kLanes keys (q.k) or
 // value elements (p.v): 12 accumulators, what AVX2's 16 registers hold beside the operands.
 //
-// The probabilities exist here anyway, so the kernel also sums those of each of the chunk's last `window`
-// positions over its query heads: the attention each token received, which session eviction keeps tokens
-// by (engine/layers/importance.py).  Per position, because a speculative step counts only the positions
-// whose drafts were accepted.
+// The probabilities exist here anyway, so the kernel also sums those of the chunk's last `window`
+// positions over rows and heads: the attention each token received, which session eviction keeps tokens
+// by (engine/layers/importance.py).
 //
 // An int8 cache is read as it is: each score is multiplied by its key's scale before the softmax, and each
 // probability by its value's scale before p.v (the softmax sum is taken before), so no float copy of
@@ -21,11 +20,10 @@
 // q (chunk, heads, head_dim), heads and head_dim contiguous; k_cache (blocks, kv_heads, head_dim, 16);
 // v_cache (blocks, kv_heads, 16, head_dim); block_table (context blocks,) int64; for an int8 cache,
 // k_scales and v_scales (blocks, kv_heads, 16) float32.  Chunk position i is
-// sequence position cached + i.  Returns out (chunk, heads, head_dim) and the attention received from
-// each of the last min(window, chunk) positions, (those positions, cached + chunk) float32.
+// sequence position cached + i.  Returns out (chunk, heads, head_dim) and, when window > 0, the
+// (cached + chunk,) float32 attention received.
 #include <ATen/Parallel.h>
 
-#include <algorithm>
 #include <cmath>
 
 #include "kernels.h"
@@ -43,7 +41,7 @@ constexpr int64_t kSpanBlocks = 8;  // value blocks one pass of p.v keeps its ac
 struct Problem {
   int64_t chunk, heads, kv_heads, group, head_dim, cached, context, q_stride;
   float scale;
-  int64_t window, positions_per_tile, tiles;  // window: the last positions whose attention is summed
+  int64_t window, positions_per_tile, tiles, window_tiles;  // window_tiles: the last tiles, which hold it
   const float *k_scales, *v_scales;                         // an int8 cache's, else nullptr
 };
 
@@ -175,9 +173,8 @@ void attend_tile(const Problem& p, const T* q, const C* k_cache, const C* v_cach
     float* s = scores + row * padded;
     if (int8) scale_row(s, key_scales, length_of(row));
     sums[row] = softmax_numerators(s, length_of(row), padded);
-    const int64_t window_row = first + row / p.group - (p.chunk - p.window);
-    if (window_row >= 0)
-      for (int64_t j = 0; j < length_of(row); ++j) received[window_row * p.context + j] += s[j] / sums[row];
+    if (received != nullptr && first + row / p.group >= p.chunk - p.window)
+      for (int64_t j = 0; j < length_of(row); ++j) received[j] += s[j] / sums[row];
     if (int8) scale_row(s, value_scales, length_of(row));
   }
   std::fill(outputs, outputs + rows * hd, 0.0f);
@@ -214,10 +211,12 @@ void attend(const Problem& p, const T* q, const C* k_cache, const C* v_cache, co
       const int64_t tile = order % 2 == 0 ? order / 2 : p.tiles - 1 - order / 2;
       const int64_t first = tile * p.positions_per_tile;
       const int64_t last = std::min(p.chunk, first + p.positions_per_tile);
-      // Each KV head sums into rows of its own, and tiles hold different positions: no two threads ever
-      // add to the same row.
-      attend_tile(p, q, k_cache, v_cache, table, kv_head, first, last, buffer, out,
-                  received + kv_head * p.window * p.context);
+      // Each (KV head, tile) that holds window positions sums into a row of its own: no two threads
+      // ever add to the same row.
+      const int64_t window_tile = tile - (p.tiles - p.window_tiles);
+      float* item_received =
+          window_tile >= 0 ? received + (kv_head * p.window_tiles + window_tile) * p.context : nullptr;
+      attend_tile(p, q, k_cache, v_cache, table, kv_head, first, last, buffer, out, item_received);
     }
   });
 }
@@ -242,12 +241,13 @@ std::tuple<torch::Tensor, torch::Tensor> paged_prefill_attention(
   TORCH_CHECK(cached >= 0 && block_table.size(0) * kBlock >= context, "the block table is too short");
   const int64_t group = heads / kv_heads, positions_per_tile = std::max<int64_t>(1, kTileRows / group);
   const int64_t tiles = (chunk + positions_per_tile - 1) / positions_per_tile;
-  window = std::clamp<int64_t>(window, 0, chunk);
+  const int64_t window_tiles =
+      window > 0 ? tiles - std::max<int64_t>(0, chunk - window) / positions_per_tile : 0;
   const Problem p{chunk,    heads,  kv_heads,          group,        head_dim,
                   cached,   context, q.stride(0),      static_cast<float>(scale), window,
-                  positions_per_tile, tiles, kv_scales(k_cache, k_scales), kv_scales(v_cache, v_scales)};
+                  positions_per_tile, tiles, window_tiles, kv_scales(k_cache, k_scales), kv_scales(v_cache, v_scales)};
   auto out = torch::empty({chunk, heads, head_dim}, q.options().memory_format(at::MemoryFormat::Contiguous));
-  auto received = torch::zeros({kv_heads, window, context}, q.options().dtype(torch::kFloat));
+  auto received = torch::zeros({kv_heads * window_tiles, context}, q.options().dtype(torch::kFloat));
   dispatch_kv(q.scalar_type(), k_cache, "paged_prefill_attention", [&](auto t, auto c) {
     using T = decltype(t);
     using C = decltype(c);

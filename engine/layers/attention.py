@@ -27,7 +27,6 @@ class PrefillChunk:
     end: int
     block_ids: torch.Tensor  # the sequence's blocks covering its context
     num_cached: int  # the sequence's tokens already in the cache before this chunk
-    drafted: bool = False  # a decoding sequence's last token and its draft (engine/speculative.py)
 
     @property
     def context(self) -> int:

@@ -12,7 +12,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.sequence import ScheduledSeq, Sequence, Status
 from engine.session_kv import SessionCache
-from engine.speculative import DraftState, NgramDrafter
+from engine.speculative import MAX_STEP_ROWS, DraftState, NgramDrafter
 
 
 class Scheduler:
@@ -86,14 +86,17 @@ class Scheduler:
         return scheduled
 
     def add_drafts(self, scheduled: list[ScheduledSeq], budget: int) -> None:
-        for item in scheduled:
+        """Drafts for decoding sequences, best acceptance first, while the step stays within the token
+        budget and within MAX_STEP_ROWS rows (beyond them a row costs as much as the token it may save)."""
+        budget = min(budget, MAX_STEP_ROWS - sum(item.num_new_tokens for item in scheduled))
+        decoding = [i for i in scheduled if i.num_new_tokens == 1 and i.seq.num_uncomputed_tokens == 1]
+        for item in decoding:
+            if item.seq.draft is None:
+                item.seq.draft = DraftState.of_prompt(item.seq.prompt_token_ids)
+        for item in sorted(decoding, key=lambda item: item.seq.draft.acceptance, reverse=True):
             seq = item.seq
             if budget <= 0:
                 return
-            if item.num_new_tokens != 1 or seq.num_uncomputed_tokens != 1:
-                continue  # not decoding
-            if seq.draft is None:
-                seq.draft = DraftState.of_prompt(seq.prompt_token_ids)
             seq.draft.sync(seq.output_token_ids)
             # The step emits the accepted drafts and one more token: within max_tokens and the context.
             room = min(

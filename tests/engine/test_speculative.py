@@ -11,7 +11,7 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.speculative import DraftState, NgramDrafter, longest_match_end
+from engine.speculative import MAX_STEP_ROWS, DraftState, NgramDrafter, longest_match_end
 from engine.testing.oracle import reference_greedy, reference_model
 
 REPEAT = (
@@ -60,7 +60,9 @@ def repeat_prompt(smollm2_dir):
 
 
 def engine_for(model_dir, **options) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=128, **options))
+    return LLMEngine(
+        EngineConfig(model=str(model_dir), **{"dtype": "float32", "num_kv_blocks": 128, **options})
+    )
 
 
 def run_steps(engine: LLMEngine, prompt: str, params: SamplingParams) -> tuple[list[int], int]:
@@ -102,6 +104,24 @@ def test_rejected_drafts_change_nothing_and_drafting_backs_off(smollm2_dir, repe
     stats = engine.stats()
     assert stats.spec_accepted_tokens == 0 and 0 < stats.spec_num_drafts <= 7  # after 1, 2, 4, 8, 16 steps
     assert steps == len(tokens)  # one token a step, as without speculation
+
+
+def test_drafts_fill_a_step_only_up_to_its_row_limit_best_acceptance_first(smollm2_dir, repeat_prompt):
+    engine = engine_for(smollm2_dir, speculative="ngram", num_kv_blocks=1024)
+    steps, run = [], engine.runner.run
+
+    def recorded(batch):
+        steps.append([(item.num_new_tokens, len(item.draft_token_ids)) for item in batch])
+        return run(batch)
+
+    engine.runner.run = recorded
+    for i in range(40):  # more than a step drafts for, finishing one after another
+        engine.add_request(str(i), repeat_prompt, SamplingParams(temperature=0, max_tokens=4 + i))
+    while engine.has_unfinished_requests():
+        engine.step()
+    drafted = [step for step in steps if any(drafts for _, drafts in step)]
+    assert drafted and all(sum(own + drafts for own, drafts in step) <= MAX_STEP_ROWS for step in drafted)
+    assert all(len(step) <= MAX_STEP_ROWS for step in drafted)
 
 
 @pytest.mark.parametrize("max_tokens", [2, 5, 9, 14])
@@ -164,7 +184,8 @@ def test_sampled_output_keeps_its_distribution_with_speculation(tiny_model_dirs)
     plain = LLM(str(tiny_model_dirs["qwen3"]), **options)
     prompt = {"prompt_token_ids": [17, 4012, 921, 33, 7810, 220, 5012]}
     greedy = plain.generate(prompt, SamplingParams(temperature=0, max_tokens=8))[0].outputs[0].token_ids
-    speculative = LLM(str(tiny_model_dirs["qwen3"]), speculative="ngram", **options)
+    # Six at a time: with their drafts they stay within the rows a step drafts for (MAX_STEP_ROWS).
+    speculative = LLM(str(tiny_model_dirs["qwen3"]), speculative="ngram", **{**options, "max_num_seqs": 6})
     speculative.engine.scheduler.drafter = GreedyContinuation(greedy)
     samples = 1000
     expected = sampled_replies(plain, prompt, range(samples))

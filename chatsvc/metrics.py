@@ -70,34 +70,6 @@ class EngineStatsCollector(Collector):
 
     def collect(self):
         stats = self.engine_stats()
-        gauges = {
-            "num_requests_running": ("Requests in the engine's running batch.", stats.num_running),
-            "num_requests_waiting": ("Requests waiting in the engine's queue.", stats.num_waiting),
-            "kv_cache_usage_perc": ("Fraction of KV cache blocks in use (0 to 1).", stats.kv_usage),
-            "weight_bytes": ("Bytes of the model's weights as the engine holds them.", stats.weight_bytes),
-            "kv_pool_bytes": ("Bytes of the KV block pool.", stats.kv_pool_bytes),
-            "kv_pool_tokens": ("Tokens the KV block pool holds.", stats.kv_pool_tokens),
-        }
-        counters = {
-            "prefix_cache_queries": (
-                "Prompt tokens looked up in the prefix cache.",
-                stats.prefix_cache_queries,
-            ),
-            "prefix_cache_hits": ("Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
-            "prompt_tokens": ("Prompt tokens processed.", stats.prompt_tokens_total),
-            "prefill_tokens": (
-                "Prompt tokens computed (not served from the prefix cache or a session's KV).",
-                stats.prefill_tokens_total,
-            ),
-            "generation_tokens": ("Tokens generated.", stats.generation_tokens_total),
-            "num_preemptions": ("Requests preempted to free KV cache.", stats.num_preemptions),
-            "spec_decode_num_drafts": ("Speculative drafts checked.", stats.spec_num_drafts),
-            "spec_decode_num_draft_tokens": ("Tokens in speculative drafts.", stats.spec_draft_tokens),
-            "spec_decode_num_accepted_tokens": (
-                "Speculative draft tokens accepted.",
-                stats.spec_accepted_tokens,
-            ),
-        }
         info = InfoMetricFamily(
             PREFIX + "engine", "How the engine computes: dtypes, weight quantization, speculative decoding."
         )
@@ -111,10 +83,38 @@ class EngineStatsCollector(Collector):
             },
         )
         yield info
-        for name, (help_text, value) in gauges.items():
+        for name, (help_text, value) in engine_gauges(stats).items():
             yield GaugeMetricFamily(PREFIX + name, help_text, value=value)
-        for name, (help_text, value) in counters.items():
+        for name, (help_text, value) in engine_counters(stats).items():
             yield CounterMetricFamily(PREFIX + name, help_text, value=value)
+
+
+def engine_gauges(stats: EngineStats) -> dict[str, tuple[str, float]]:
+    return {
+        "num_requests_running": ("Requests in the engine's running batch.", stats.num_running),
+        "num_requests_waiting": ("Requests waiting in the engine's queue.", stats.num_waiting),
+        "kv_cache_usage_perc": ("Fraction of KV cache blocks in use (0 to 1).", stats.kv_usage),
+        "weight_bytes": ("Bytes of the model's weights as the engine holds them.", stats.weight_bytes),
+        "kv_pool_bytes": ("Bytes of the KV block pool.", stats.kv_pool_bytes),
+        "kv_pool_tokens": ("Tokens the KV block pool holds.", stats.kv_pool_tokens),
+    }
+
+
+def engine_counters(stats: EngineStats) -> dict[str, tuple[str, float]]:
+    return {
+        "prefix_cache_queries": ("Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries),
+        "prefix_cache_hits": ("Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
+        "prompt_tokens": ("Prompt tokens processed.", stats.prompt_tokens_total),
+        "prefill_tokens": (
+            "Prompt tokens computed (not served from the prefix cache or a session's KV).",
+            stats.prefill_tokens_total,
+        ),
+        "generation_tokens": ("Tokens generated.", stats.generation_tokens_total),
+        "num_preemptions": ("Requests preempted to free KV cache.", stats.num_preemptions),
+        "spec_decode_num_drafts": ("Speculative drafts checked.", stats.spec_num_drafts),
+        "spec_decode_num_draft_tokens": ("Tokens in speculative drafts.", stats.spec_draft_tokens),
+        "spec_decode_num_accepted_tokens": ("Speculative draft tokens accepted.", stats.spec_accepted_tokens),
+    }
 
 
 class SessionMemoryCollector(Collector):

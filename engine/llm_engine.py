@@ -24,6 +24,14 @@ from engine.sequence import Sequence
 from engine.session_kv import SessionCache
 
 Prompt = str | list[int] | dict
+COUNTERS = (
+    "prompt_tokens",
+    "prefill_tokens",
+    "generation_tokens",
+    "spec_drafts",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+)
 
 
 @dataclass
@@ -67,14 +75,7 @@ class LLMEngine:
         }
         self.sequences: dict[str, Sequence] = {}
         self.detokenizers: dict[str, Detokenizer] = {}
-        self.counters = {
-            "prompt_tokens": 0,
-            "prefill_tokens": 0,
-            "generation_tokens": 0,
-            "spec_drafts": 0,
-            "spec_draft_tokens": 0,
-            "spec_accepted_tokens": 0,
-        }
+        self.counters = dict.fromkeys(COUNTERS, 0)
         self.recent_ttft: deque[float] = deque(maxlen=1000)
         self.recent_itl: deque[float] = deque(maxlen=5000)
 

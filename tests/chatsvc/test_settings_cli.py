@@ -75,6 +75,15 @@ def test_app_names_a_bad_environment_variable():
             ["--kv-cache-dtype", "int8", "--engine", "vllm"],
             "error: --kv-cache-dtype int8 is the native engine's; vLLM's KV caches take fp8",
         ),
+        (["--speculative", "eagle"], "error: --speculative: 'eagle' is not allowed: one of ngram"),
+        (
+            ["--num-speculative-tokens", "17"],
+            "error: --num-speculative-tokens: '17' is not allowed: an integer from 1 to 16",
+        ),
+        (
+            ["--prompt-lookup-min", "5"],
+            "error: --prompt-lookup-min must not be above --prompt-lookup-max",
+        ),
     ],
 )
 def test_settings_from_cli_describes_the_field_constraints(args, line, capsys):

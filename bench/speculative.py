@@ -9,12 +9,11 @@ Greedy workloads (bench/spec_workloads.py):
   offline       bench.throughput's offline prompts (ignore_eos), which have little to match.
 At concurrency 1 each workload's requests run one after another and the figure is decode tokens/s (first
 token to last); at 8 and 32, that many requests (or chats) run at once and the figure is output tokens over
-the wall time.  Both engines (speculation off and on) are built and warmed up in one process before any
-clock starts; then each workload and concurrency runs on both back to back, round after round with the
-order alternating, so that this machine's drift (25 % within minutes) treats them alike.  A figure is the
-median of the rounds, a ratio the median of the per-round ratios.  Greedy outputs should be equal: every
-request's tokens are compared between the two (in bf16 a different number of rows per step can round
-differently, so replies may part at a near tie).
+the wall time.  Each round runs speculation off, then on, each in a fresh process that builds the engine
+and warms it up before any clock starts; a figure is the median of the rounds, a ratio the median of the
+per-round ratios.  (Both engines in one process, interleaved measurement by measurement, would cancel more
+of this machine's drift, but two live engine threads each keep an OpenMP team and halve the speed of both:
+engine/threads.py.)  Greedy outputs must be equal: every request's tokens are compared between the two.
 Results: bench/results/<machine kind>/speculative_<dtype>.json, plot docs/speculative_<kind>.png.
 """
 
@@ -22,8 +21,11 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -81,68 +83,56 @@ def figures(results: list[dict], concurrency: int) -> dict:
     return {"tokens_per_s": rate, "output_tokens": tokens, "outputs": digests}
 
 
-async def measure(engine, tokenizer, workload: str, concurrency: int, seed: int) -> dict:
-    """One workload at one concurrency on one engine: its figures, drafts and acceptance."""
-    before = engine.stats()
-    name = f"{workload}{concurrency}-{seed}"
-    if workload == "support_chat":
-        chats = spec_workloads.support_chats(concurrency, seed)
-        results = await run_chats(engine, tokenizer, chats, name, 64)
-    else:
-        requests = spec_workloads.requests(workload, tokenizer, max(3, concurrency), seed)
-        results = await run_requests(engine, requests, name, concurrency)
-    after = engine.stats()
-    drafted = after.spec_draft_tokens - before.spec_draft_tokens
-    accepted = after.spec_accepted_tokens - before.spec_accepted_tokens
-    return {
-        **figures(results, concurrency),
-        "draft_tokens": drafted,
-        "acceptance": accepted / drafted if drafted else None,
-    }
-
-
-async def interleaved(engines: dict, tokenizer, concurrencies: list[int], rounds: int) -> list[dict]:
-    """Per round, both engines on each workload and concurrency back to back (the order alternating by
-    round) on the same prompts, so a machine whose speed drifts within minutes treats them alike."""
-    for engine in engines.values():  # warm-up: every path, on prompts of their own; not kept
-        for workload in spec_workloads.WORKLOADS:
-            await measure(engine, tokenizer, workload, 2, seed=900_000)
-    found = [{variant: {} for variant in engines} for _ in range(rounds)]
+async def measure(engine, tokenizer, concurrencies: list[int], seed: int) -> dict:
+    found = {}
     for workload in spec_workloads.WORKLOADS:
         for concurrency in concurrencies:
-            for round_index in range(rounds):
-                order = list(engines) if round_index % 2 == 0 else list(reversed(engines))
-                seed = 100_000 * round_index + 1000 * concurrency
-                for variant in order:
-                    figures = await measure(engines[variant], tokenizer, workload, concurrency, seed)
-                    found[round_index][variant][f"{workload}@{concurrency}"] = figures
-                    print(
-                        round_index,
-                        variant,
-                        workload,
-                        concurrency,
-                        round(figures["tokens_per_s"], 1),
-                        file=sys.stderr,
-                    )
+            before = engine.stats()
+            name, seed = f"{workload}{concurrency}-{seed}", seed + 1000
+            if workload == "support_chat":
+                chats = spec_workloads.support_chats(concurrency, seed)
+                results = await run_chats(engine, tokenizer, chats, name, 64)
+            else:
+                requests = spec_workloads.requests(workload, tokenizer, max(3, concurrency), seed)
+                results = await run_requests(engine, requests, name, concurrency)
+            after = engine.stats()
+            drafted = after.spec_draft_tokens - before.spec_draft_tokens
+            accepted = after.spec_accepted_tokens - before.spec_accepted_tokens
+            found[f"{workload}@{concurrency}"] = {
+                **figures(results, concurrency),
+                "draft_tokens": drafted,
+                "acceptance": accepted / drafted if drafted else None,
+            }
+            print(workload, concurrency, found[f"{workload}@{concurrency}"], file=sys.stderr)
     return found
 
 
-def run(args) -> list[dict]:
+def worker(args) -> dict:
     from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
 
-    engines = {
-        variant: AsyncEngine(
-            EngineConfig(model=args.model, dtype=args.dtype, speculative=method, max_num_seqs=64)
-        )
-        for variant, method in VARIANTS.items()
-    }
+    config = EngineConfig(
+        model=args.model, dtype=args.dtype, speculative=VARIANTS[args.worker], max_num_seqs=64
+    )
+    engine = AsyncEngine(config)
     try:
-        tokenizer = engines["off"].tokenizer
-        return asyncio.run(interleaved(engines, tokenizer, args.concurrency, args.rounds))
+        tokenizer = engine.tokenizer
+
+        async def both():
+            await measure(engine, tokenizer, [2], seed=100_000)  # warm-up: every path, not kept
+            return await measure(engine, tokenizer, args.concurrency, seed=0)
+
+        return asyncio.run(both())
     finally:
-        for engine in engines.values():
-            engine.shutdown()
+        engine.shutdown()
+
+
+def run_worker(variant: str, args) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        command = [sys.executable, "-m", "bench.speculative", "--worker", variant, "--model", args.model]
+        command += ["--dtype", args.dtype, "--out", out.name, "--concurrency", *map(str, args.concurrency)]
+        subprocess.run(command, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        return json.loads(Path(out.name).read_text())
 
 
 def spread(values: list[float]) -> dict:
@@ -203,17 +193,22 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--worker", choices=list(VARIANTS), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.model:
         from engine.default_model import default_model_dir
 
         args.model = str(default_model_dir())
+    if args.worker:
+        Path(args.out).write_text(json.dumps(worker(args)))
+        return
     from bench.machine import describe
     from engine.config import resolve_device, resolve_dtype
 
     args.dtype = str(resolve_dtype(args.dtype, resolve_device("cpu"))).removeprefix("torch.")
     machine = describe(None)
-    rounds = run(args)
+    rounds = [{variant: run_worker(variant, args) for variant in VARIANTS} for _ in range(args.rounds)]
     rows = summarize(rounds)
     folder = RESULTS / machine["kind"]
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,12 @@
 """Retrieved sources as a turn carries them: numbered from 1 inside its user message, cited by the reply."""
 
+import re
+import unicodedata
 from dataclasses import dataclass, field
+
+# [1], [1, 2], [1][2], and the forms a model writes in Chinese: 【1】, 【1，2】, 【1、2】, ［１］ (full-width
+# brackets, digits and commas become ASCII under NFKC; 【】 and 、 stay as they are).
+CITATION = re.compile(r"[\[【]\s*(\d+(?:\s*[,、]\s*\d+)*)\s*[\]】]")
 
 
 @dataclass
@@ -23,15 +29,24 @@ def numbered(sources: list[Source]) -> list[dict]:
     return [{"n": n, "title": s.title, "text": s.text, "ref": s.ref} for n, s in enumerate(sources, start=1)]
 
 
+def cited_numbers(reply: str) -> set[int]:
+    """The source numbers a reply cites, in any of the marker styles above."""
+    found = set()
+    for match in CITATION.finditer(unicodedata.normalize("NFKC", reply)):
+        found.update(int(number) for number in re.split(r"\s*[,、]\s*", match.group(1)))
+    return found
+
+
 def citations(context: list[dict], reply: str) -> list[dict]:
-    """Every source of the turn, numbered as in the prompt, with whether the reply cites it as [n]."""
+    """Every source of the turn, numbered as in the prompt, with whether the reply cites it."""
+    cited = cited_numbers(reply)
     return [
         {
             "n": source["n"],
             "title": source["title"],
             **source["ref"],
             "text": source["text"],
-            "cited": f"[{source['n']}]" in reply,
+            "cited": source["n"] in cited,
         }
         for source in context
     ]

@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from chatsvc.chat_sessions import age_group
-from chatsvc.citations import Source, citations, numbered
+from chatsvc.citations import Source, citations, cited_numbers, numbered
 from chatsvc.models import Message
 from chatsvc.prompts import chat_messages, fit_prompt
 from chatsvc.turn_flow import make_title
@@ -159,6 +159,21 @@ def test_a_new_message_too_long_alone_is_refused_with_its_size_quickly(tokenizer
 def test_citations_mark_the_sources_the_reply_cites():
     context = numbered([Source("A", "a", {"id": 1}), Source("B", "b", {"id": 2})])
     assert [(c["n"], c["cited"]) for c in citations(context, "As [2] says.")] == [(1, False), (2, True)]
+
+
+@pytest.mark.parametrize(
+    "reply, cited",
+    [
+        ("As [2] says, and [10] too.", {2, 10}),
+        ("See [1, 3] and [4][5].", {1, 3, 4, 5}),
+        ("退货期限为30天【1】。", {1}),
+        ("根据【1，2】和【3、4】，可以退款。", {1, 2, 3, 4}),
+        ("见［２］。", {2}),
+        ("No markers, 2024 or (1) or [a].", set()),
+    ],
+)
+def test_citation_markers_in_english_and_chinese_styles_are_found(reply, cited):
+    assert cited_numbers(reply) == cited
 
 
 def test_titles_come_from_the_first_message_cut_at_a_word():

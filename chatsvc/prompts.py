@@ -2,6 +2,7 @@
 reply, and a turn's sources travel inside its own user message, so a session's cached KV stays valid."""
 
 import functools
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -13,15 +14,30 @@ _MERGE_SLACK_TOKENS = 2
 # English is about 4 characters a token: a message's first 16 characters per token of the context usually
 # show that it does not fit, without tokenising the rest of a long one.
 _PREFIX_CHARS_PER_TOKEN = 16
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_LATIN = re.compile(r"[A-Za-z]")
 
 
 def user_turn_text(content: str, context: list[dict] | None) -> str:
     """The question first, then its numbered sources: SmolLM2-135M answered from them more often this way
-    than with the sources first or with their titles in between (tried on a few KB questions)."""
+    than with the sources first or with their titles in between (tried on a few KB questions).  A Chinese
+    question gets the instruction, the sources' heading and the markers in Chinese.  Decided by the
+    question alone, so the stored turn renders the same text every time (prompts stay append-only)."""
     if not context:
         return content
+    if is_chinese(content):
+        sources = "\n".join(f"【{source['n']}】{source['text']}" for source in context)
+        return f"{content}\n\n来源：\n{sources}\n\n请根据来源简要回答，并用【1】这样的编号注明出处。"
     sources = "\n".join(f"[{source['n']}] {source['text']}" for source in context)
     return f"{content}\n\nSources:\n{sources}\n\nAnswer briefly from the sources and cite them like [1]."
+
+
+def is_chinese(text: str) -> bool:
+    """At least a third of the text's letters are Han characters (a Han character is about a word, so
+    "iPhone 15 的电池怎么换？" is Chinese and "What does 退货 mean?" is not)."""
+    han = len(_HAN.findall(text))
+    latin = len(_LATIN.findall(text))
+    return han > 0 and 3 * han >= han + latin
 
 
 def chat_messages(system_prompt: str | None, path: Sequence[Message]) -> list[dict]:

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 from chatsvc.chat_sessions import age_group
 from chatsvc.citations import Source, citations, cited_numbers, numbered
 from chatsvc.models import Message
-from chatsvc.prompts import chat_messages, fit_prompt
+from chatsvc.prompts import chat_messages, fit_prompt, user_turn_text
 from chatsvc.turn_flow import make_title
 
 LIMIT = 8192
@@ -159,6 +159,15 @@ def test_a_new_message_too_long_alone_is_refused_with_its_size_quickly(tokenizer
 def test_citations_mark_the_sources_the_reply_cites():
     context = numbered([Source("A", "a", {"id": 1}), Source("B", "b", {"id": 2})])
     assert [(c["n"], c["cited"]) for c in citations(context, "As [2] says.")] == [(1, False), (2, True)]
+
+
+def test_a_chinese_question_gets_its_sources_and_instruction_in_chinese():
+    context = numbered([Source("退货政策", "未使用的商品可在30天内退货。", {"id": 1})])
+    chinese = user_turn_text("iPhone 15 的电池怎么换？", context)
+    assert "来源：\n【1】未使用的商品可在30天内退货。" in chinese and chinese.endswith("注明出处。")
+    english = user_turn_text("What does 退货 mean?", context)
+    assert "Sources:\n[1] 未使用的商品" in english and english.endswith("cite them like [1].")
+    assert user_turn_text("退货要多久？", None) == "退货要多久？"
 
 
 @pytest.mark.parametrize(

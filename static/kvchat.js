@@ -42,10 +42,29 @@
     });
   }
 
+  // The Enter that picks a candidate while an input method composes (Chinese, Japanese) is the input
+  // method's, not a send: it never reaches the message box's own key handlers.  Capture phase, so this runs
+  // first; no preventDefault, so the input method still gets the key.
+  function guardComposition() {
+    for (const type of ["keydown", "keypress"]) {
+      document.addEventListener(
+        type,
+        (event) => {
+          const composing = event.isComposing || event.keyCode === 229;
+          if (event.key === "Enter" && composing && event.target.closest?.("#message")) {
+            event.stopImmediatePropagation();
+          }
+        },
+        true,
+      );
+    }
+  }
+
   function start() {
     applyTheme(preferredTheme());
     addThemeSwitch();
     addShortcuts();
+    guardComposition();
   }
 
   if (document.readyState === "loading") {

@@ -175,3 +175,28 @@ def test_html_in_messages_is_shown_as_text_and_never_runs(server, page):
     assert page.locator("#chat script, #chat img[src='x']").count() == 0
     assert "<img src=x onerror=" in page.locator("#chat .user").last.inner_text()
     assert not page.script_errors
+
+
+COMPOSING_ENTER = """el => {
+    for (const type of ['keydown', 'keypress']) {
+        el.dispatchEvent(new KeyboardEvent(type, {
+            key: 'Enter', code: 'Enter', shiftKey: true, isComposing: true, keyCode: 229,
+            bubbles: true, cancelable: true,
+        }));
+    }
+}"""
+
+
+def test_enter_while_an_input_method_composes_does_not_send(server, page):
+    """Shift+Enter sends from the two-line box; the same keys while an input method composes (choosing a
+    Chinese candidate) must not."""
+    open_chat(server, page)
+    box = page.locator("#message textarea")
+    box.fill("退货要多久？")
+    box.evaluate(COMPOSING_ENTER)
+    page.wait_for_timeout(1500)
+    expect(page.locator("#stop")).to_be_hidden()
+    assert box.input_value() == "退货要多久？"
+    box.press("Shift+Enter")
+    page.locator("#stop").wait_for(state="visible")
+    wait_reply(page)

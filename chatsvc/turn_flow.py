@@ -6,8 +6,10 @@ where the engine has a session memory."""
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import time
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -391,11 +393,16 @@ def _render(tokenizer, system_prompt: str | None, path: list[Message], limit: in
 
 
 def make_title(text: str) -> str:
-    """A session's title from its first user message: one line, cut at a word."""
+    """A session's title from its first user message: one line of at most TITLE_LENGTH columns (a Chinese
+    character takes two), cut after the last space or Chinese punctuation that fits, else where it fills."""
     words = " ".join(text.split())
-    if len(words) <= TITLE_LENGTH:
+    widths = itertools.accumulate(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in words)
+    fits = sum(1 for width in widths if width <= TITLE_LENGTH)
+    if fits == len(words):
         return words
-    return (words[:TITLE_LENGTH].rsplit(" ", 1)[0] or words[:TITLE_LENGTH]) + "…"
+    head = words[:fits]
+    cut = max(head.rfind(mark) for mark in " ，。？！、；：")
+    return (head[:cut] if cut > 0 else head) + "…"
 
 
 def _check_content(content: str) -> None:

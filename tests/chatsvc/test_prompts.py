@@ -193,6 +193,16 @@ def test_titles_come_from_the_first_message_cut_at_a_word():
     assert long.endswith("…") and len(long) <= 61 and not long[:-1].endswith(" ")
 
 
+def test_chinese_titles_take_half_the_characters_and_end_at_a_clause():
+    question = (
+        "我在上个月买了一台北欧不锈钢电热水壶，但是到现在还没有收到货，请问订单号58213的物流情况怎么样？"
+    )
+    assert make_title(question) == "我在上个月买了一台北欧不锈钢电热水壶…"
+    assert make_title("退货要多久？") == "退货要多久？"
+    unbroken = make_title("退" * 50)
+    assert unbroken == "退" * 30 + "…"
+
+
 def test_sidebar_groups_by_age():
     now = datetime(2026, 6, 15, 12, tzinfo=UTC)
     ages = [timedelta(hours=1), timedelta(days=1), timedelta(days=3), timedelta(days=20), timedelta(days=90)]

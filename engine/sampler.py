@@ -10,14 +10,19 @@ from engine.sequence import Sequence
 
 def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator) -> list[int]:
     """logits: (rows, vocab) float32, one row per sequence."""
-    if any(seq.params.repetition_penalty != 1.0 for seq in seqs):
-        logits = apply_repetition_penalty(logits, seqs)
+    logits = penalized(logits, seqs)
     chosen = logits.argmax(dim=-1)
     random_rows = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
     if random_rows:
         rows = torch.tensor(random_rows, device=logits.device)
         chosen[rows] = sample_random(logits[rows], [seqs[row] for row in random_rows], generator)
     return chosen.tolist()
+
+
+def penalized(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    if any(seq.params.repetition_penalty != 1.0 for seq in seqs):
+        return apply_repetition_penalty(logits, seqs)
+    return logits
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -44,9 +49,7 @@ def sample_random(logits: torch.Tensor, seqs: list[Sequence], generator: torch.G
 
 def target_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """The distribution each row samples from: after penalty, temperature, top-k and top-p."""
-    if any(seq.params.repetition_penalty != 1.0 for seq in seqs):
-        logits = apply_repetition_penalty(logits, seqs)
-    return tempered_probs(logits, seqs)
+    return tempered_probs(penalized(logits, seqs), seqs)
 
 
 def tempered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

@@ -47,7 +47,7 @@ class Scheduler:
         if not preempted:
             scheduled += self.schedule_waiting(budget)
         if self.drafter is not None:
-            self.add_drafts(scheduled, self.max_num_batched_tokens - sum(i.num_new_tokens for i in scheduled))
+            self.add_drafts(scheduled)
         return scheduled
 
     def schedule_running(self, budget: int) -> tuple[list[ScheduledSeq], bool]:
@@ -85,10 +85,14 @@ class Scheduler:
             budget -= count
         return scheduled
 
-    def add_drafts(self, scheduled: list[ScheduledSeq], budget: int) -> None:
+    def add_drafts(self, scheduled: list[ScheduledSeq]) -> None:
         """Drafts for decoding sequences, best acceptance first, while the step stays within the token
         budget and within MAX_STEP_ROWS rows (beyond them a row costs as much as the token it may save)."""
-        budget = min(budget, MAX_STEP_ROWS - sum(item.num_new_tokens for item in scheduled))
+        budget = min(self.max_num_batched_tokens, MAX_STEP_ROWS) - sum(
+            item.num_new_tokens for item in scheduled
+        )
+        if budget <= 0:
+            return
         decoding = [i for i in scheduled if i.num_new_tokens == 1 and i.seq.num_uncomputed_tokens == 1]
         for item in decoding:
             if item.seq.draft is None:

@@ -37,7 +37,6 @@ class DraftState:
     prompt_length: int
     drafted: int = 0
     accepted: int = 0
-    num_drafts: int = 0
     pause: int = 0  # steps left without drafting
     poor_in_a_row: int = 0
 
@@ -63,7 +62,6 @@ class DraftState:
         return (self.accepted + 1) / (self.drafted + 2)
 
     def record(self, drafted: int, accepted: int) -> None:
-        self.num_drafts += 1
         self.drafted += drafted
         self.accepted += accepted
         if accepted < POOR_ACCEPTANCE * drafted:

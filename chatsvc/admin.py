@@ -6,7 +6,7 @@ copies the session's KV out of the pool, so the list shows the records stored af
 (kv_records.py), and only one session's detail is read live."""
 
 import asyncio
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -98,7 +98,10 @@ class Admin:
             counters = await asyncio.to_thread(self.engines.session_memory().memory_stats)
         except (EngineUnavailable, NotAvailable) as error:
             note = str(error)
-        return self.turns.monitor.panel(self.engines.state, self.engines.stats(), counters, note)
+        panel = self.turns.monitor.panel(self.engines.state, self.engines.stats(), counters, note)
+        served = await asyncio.to_thread(self.turns.sources.retriever.collections_by_encoder)
+        models = " · ".join(f"{name}: {count} collections" for name, count in served.items())
+        return replace(panel, embedding_models=models or "none yet")
 
     async def _live_kv(self, session_id: str) -> KvState:
         try:

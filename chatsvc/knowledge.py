@@ -1,10 +1,11 @@
-"""Knowledge bases and their documents, behind the API and the UI's knowledge page.  Every call looks the
-knowledge base up by its owner first (crud.find_knowledge_base), and a document only within it; the
-documents live in the retriever under the knowledge base's collection (sources.py names it)."""
+"""Knowledge bases, their documents and their embedding model, behind the API and the UI's knowledge page.
+Every call looks the knowledge base up by its owner first (crud.find_knowledge_base), and a document only
+within it; the documents live in the retriever under the knowledge base's collection (sources.py names it)."""
 
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from pathlib import PurePosixPath
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -14,7 +15,7 @@ from chatsvc.db import in_transaction
 from chatsvc.errors import NotFound
 from chatsvc.models import KnowledgeBase, User
 from chatsvc.sources import TurnSources, knowledge_base_collection
-from chatsvc.views import QueryPreview
+from chatsvc.views import EmbeddingModel, QueryPreview
 from memory.retrieval import Document, UploadResult
 
 NAME_MAX = 200  # the column's length
@@ -75,6 +76,24 @@ class KnowledgeBases:
         if document_id not in {document.id for document in documents}:
             raise NotFound(f"document {document_id} not found")
         await asyncio.to_thread(self.sources.retriever.delete_document, document_id)
+
+    async def embedding_model(self, user: User, knowledge_base_id: str) -> EmbeddingModel:
+        collection = await self._collection(user, knowledge_base_id)
+        name = await asyncio.to_thread(self.sources.retriever.encoder_of, collection)
+        return EmbeddingModel(name, list(self.sources.retriever.encoders))
+
+    async def set_embedding_model(
+        self,
+        user: User,
+        knowledge_base_id: str,
+        name: str,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> EmbeddingModel:
+        """The encoder of the knowledge base's documents from now on; documents embedded by another are
+        embedded again (slow: progress(done, total) after each batch of paragraphs)."""
+        collection = await self._collection(user, knowledge_base_id)
+        await asyncio.to_thread(self.sources.retriever.set_encoder, collection, name, progress)
+        return await self.embedding_model(user, knowledge_base_id)
 
     async def try_query(self, user: User, knowledge_base_id: str, query: str, k: int = 5) -> QueryPreview:
         """What a turn asking `query` would get from the knowledge base, and its k best paragraphs."""

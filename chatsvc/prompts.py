@@ -1,6 +1,7 @@
 """Prompts from stored messages.  Append-only: each turn's prompt starts with the previous turn's prompt and
 reply, and a turn's sources travel inside its own user message, so a session's cached KV stays valid."""
 
+import bisect
 import functools
 import re
 from collections.abc import Callable, Sequence
@@ -53,9 +54,7 @@ def fit_prompt(tokenizer, system_prompt: str | None, path: Sequence[Message], ma
     The kept turns start at the earliest turn whose prompt fits.  Only the newest messages that might fit
     are tokenised, once each, to estimate it; then a few renders of at most about the context's length
     find it exactly, so a long history costs about as much as a full context, not one render per turn."""
-    turns = _turns_that_might_fit(tokenizer, system_prompt, path, max_prompt_tokens)
-    rendered = functools.cache(lambda start: _render(tokenizer, system_prompt, path[start:]))
-    start = _earliest_fitting(turns, max_prompt_tokens, lambda start: rendered(start)[1] <= max_prompt_tokens)
+    start, rendered = _fit(tokenizer, system_prompt, path, max_prompt_tokens)
     if start is not None:
         return rendered(start)[0]
     num_tokens = rendered(_turn_starts(path)[-1])[1]
@@ -63,6 +62,38 @@ def fit_prompt(tokenizer, system_prompt: str | None, path: Sequence[Message], ma
         f"the message is too long: its prompt is {num_tokens} tokens, and with the reply's max_tokens only "
         f"{max_prompt_tokens} fit the model's context; shorten the message or lower max_tokens"
     )
+
+
+def kept_start(tokenizer, system_prompt: str | None, path: Sequence[Message], max_prompt_tokens: int) -> int:
+    """Where in `path` the prompt fit_prompt makes of it starts (len(path) when none fits)."""
+    start, _ = _fit(tokenizer, system_prompt, path, max_prompt_tokens)
+    return len(path) if start is None else start
+
+
+def message_token_spans(tokenizer, system_prompt: str | None, path: Sequence[Message]) -> list[range]:
+    """The tokens of each message's text in the conversation `path` renders to, which is what a session's
+    KV positions count; an empty range for a message the prompt leaves out (a reply that failed)."""
+    text = tokenizer.apply_chat_template(chat_messages(system_prompt, path), tokenize=False)
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    token_starts, token_ends = [start for start, _ in offsets], [end for _, end in offsets]
+    spans, cursor = [], 0
+    for message in path:
+        if (chat := _chat_message(message)) is None:
+            spans.append(range(0))
+            continue
+        begin = text.index(chat["content"], cursor)
+        cursor = begin + len(chat["content"])
+        first = bisect.bisect_right(token_ends, begin)  # the first token that holds some of the text
+        spans.append(range(first, bisect.bisect_left(token_starts, cursor)))
+    return spans
+
+
+def _fit(tokenizer, system_prompt: str | None, path: Sequence[Message], max_prompt_tokens: int):
+    """The start of the kept turns (None when not even the last fits) and the cached render of a start."""
+    turns = _turns_that_might_fit(tokenizer, system_prompt, path, max_prompt_tokens)
+    rendered = functools.cache(lambda start: _render(tokenizer, system_prompt, path[start:]))
+    start = _earliest_fitting(turns, max_prompt_tokens, lambda start: rendered(start)[1] <= max_prompt_tokens)
+    return start, rendered
 
 
 def system_prefix_tokens(tokenizer, system_prompt: str | None) -> int:

@@ -1,5 +1,6 @@
-"""A turn's sources: from its session's knowledge base and from the session's own past turns (so a fact that
-left the session's KV can come back); every finished turn is indexed for later ones.  The retriever
+"""A turn's sources: from its session's knowledge base and from the session's own past turns that the model
+no longer sees (so a fact that left the prompt or the session's KV can come back; turns of other branches
+never do); every finished turn is indexed for later ones.  The retriever
 (memory.retrieval) is synchronous and CPU-bound: it always runs in a worker thread.  The collection names
 of knowledge bases and sessions are made here and nowhere else."""
 
@@ -42,24 +43,35 @@ class TurnSources:
 
     def _encode_once(self) -> None:
         try:
-            self.retriever.encoder.encode_query("warm up")
+            self.retriever.warm_up()
         except Exception:
             log.exception("the embedding model failed to load; retrieval will fail until it does")
 
-    async def find(self, query: str, session: ChatSession, history: Sequence[Message]) -> FoundSources:
-        """Sources for `query`, best first; `history` is the branch before the new message."""
+    async def find(
+        self, query: str, session: ChatSession, history: Sequence[Message], in_view: set[int]
+    ) -> FoundSources:
+        """Sources for `query`, best first; `history` is the branch before the new message, and `in_view`
+        the ids of its messages the model still sees (in_view.py): only the others may come back."""
         recent = [f"{m.role}: {m.content}" for m in history[-RECENT_MESSAGES:] if m.content]
         collections = collections_for(session)
+        turn_names = {_turn_key(m.id): f"turn {n} ({m.role})" for n, m in enumerate(history, start=1)}
+        out_of_view = {_turn_key(m.id) for m in history if m.id not in in_view}
         started = time.perf_counter()
         context = await asyncio.to_thread(
-            self.retriever.build_context, query, collections, recent, self.budget_tokens
+            self.retriever.build_context,
+            query,
+            collections,
+            recent,
+            self.budget_tokens,
+            {session_collection(session.id): out_of_view},
         )
         latency_s = time.perf_counter() - started
         # The latest turns are in the prompt already; a passage repeating one of them adds nothing.
         passages = [p for p in context.passages if not any(p.text in turn for turn in recent)]
-        passages = _on_branch(passages, session_collection(session.id), history)
+        passages = [_named(passage, session_collection(session.id), turn_names) for passage in passages]
         sources = [_source(passage) for passage in passages]
         details = _details(context, passages, collections, latency_s)
+        details["past_turns"] = {"in_view": len(in_view), "out_of_view": len(out_of_view)}
         return FoundSources(sources, context.intent, details, latency_s)
 
     async def remember_turn(self, session_id: str, message_id: int, text: str) -> None:
@@ -75,18 +87,11 @@ def _turn_key(message_id: int) -> str:
     return f"message {message_id}"
 
 
-def _on_branch(passages: list[Passage], collection: str, history: Sequence[Message]) -> list[Passage]:
-    """Past turns of the branch being answered, named by their place in it; a turn of another branch (an
-    edited question, a regenerated reply) is not part of this conversation."""
-    names = {_turn_key(m.id): f"turn {n} ({m.role})" for n, m in enumerate(history, start=1)}
-    kept = []
-    for passage in passages:
-        if passage.collection == collection:
-            if passage.document_name not in names:
-                continue
-            passage = dataclasses.replace(passage, document_name=names[passage.document_name])
-        kept.append(passage)
-    return kept
+def _named(passage: Passage, collection: str, turn_names: dict[str, str]) -> Passage:
+    """A past turn is named by its place in the branch ("turn 3 (user)") rather than its message id."""
+    if passage.collection == collection:
+        return dataclasses.replace(passage, document_name=turn_names[passage.document_name])
+    return passage
 
 
 def _source(passage: Passage) -> Source:

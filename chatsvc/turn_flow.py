@@ -20,6 +20,7 @@ from chatsvc.citations import citations, numbered
 from chatsvc.db import in_transaction
 from chatsvc.engines import EngineLoader, session_memory
 from chatsvc.errors import Conflict, EngineFailed, QueueFull
+from chatsvc.in_view import messages_in_view
 from chatsvc.kv_records import KvRecords
 from chatsvc.load_monitor import LoadMonitor
 from chatsvc.metrics import ServiceMetrics
@@ -212,9 +213,9 @@ class TurnFlow:
         """This turn's prompt, sources (fetched for a new message, reused when regenerating) and system
         prompt length in tokens.  If that fails, the stored reply says why."""
         try:
-            if content is not None:
-                await self._retrieve(session, path)
             limit = engine.max_model_len - max_tokens
+            if content is not None:
+                await self._retrieve(engine, session, path, limit)
             prompt, protected = await asyncio.to_thread(
                 _render, engine.tokenizer, session.system_prompt, path, limit
             )
@@ -227,11 +228,14 @@ class TurnFlow:
             raise
         return prompt, path[-1].context or [], protected
 
-    async def _retrieve(self, session: ChatSession, path: list[Message]) -> None:
+    async def _retrieve(
+        self, engine: EngineClient, session: ChatSession, path: list[Message], limit: int
+    ) -> None:
         """Sources for the new user message (the last of `path`), stored with it."""
         question = path[-1]
         try:
-            found = await self.sources.find(question.content, session, path[:-1])
+            in_view = await messages_in_view(engine, session, path, limit)
+            found = await self.sources.find(question.content, session, path[:-1], in_view)
         except Exception:  # a reply without sources beats no reply
             log.exception("retrieving sources for message %s failed", question.id)
             return

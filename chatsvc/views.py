@@ -21,6 +21,14 @@ class QueryPreview:
 
 
 @dataclass
+class EmbeddingModel:
+    """A knowledge base's encoder: named by its first document's language unless its owner chose one."""
+
+    name: str | None  # None until the knowledge base has a document or a chosen model
+    choices: list[str]
+
+
+@dataclass
 class SessionKvRow:
     session_id: str
     title: str
@@ -79,4 +87,5 @@ class EnginePanel:
     weights: str = ""  # dtype, quantization and size of the weights
     kv_pool: str = ""  # dtype, size and capacity of the KV block pool
     speculative: str = ""  # drafting method and acceptance; empty when off
+    embedding_models: str = ""  # the retriever's encoders and how many collections each serves
     note: str | None = None

@@ -127,6 +127,10 @@ class UploadResponse(BaseModel):
     rejected: list[Rejected]  # each file that did not go in, with the reason
 
 
+class EmbeddingModelChoice(Strict):
+    embedding_model: str = Field(min_length=1, max_length=64)
+
+
 class QueryRequest(Strict):
     query: str = Field(min_length=1, max_length=2000)
     k: int = Field(5, ge=1, le=50)

@@ -60,6 +60,7 @@ def figures(panel: EnginePanel) -> str:
                 ("weights", panel.weights),
                 ("KV pool", panel.kv_pool),
                 ("speculative decoding", panel.speculative),
+                ("embedding models", panel.embedding_models),
             )
             if value
         ],

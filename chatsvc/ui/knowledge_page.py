@@ -1,6 +1,7 @@
 """The knowledge-base page: create and delete knowledge bases, upload documents (several at once, with
-progress), list them with their paragraph counts, delete one, and try a query to see what a turn would get:
-the chosen intent, the window of passages and the best paragraphs with their scores."""
+progress), list them with their paragraph counts, delete one, see and change the embedding model (with
+progress), and try a query to see what a turn would get: the chosen intent, the window of passages and the
+best paragraphs with their scores."""
 
 import asyncio
 from pathlib import Path
@@ -11,12 +12,13 @@ from chatsvc.ui import html
 from chatsvc.ui.identity import shows_errors
 from chatsvc.ui.page import Page
 from chatsvc.ui.uploads import only_uploads
-from chatsvc.views import QueryPreview
+from chatsvc.views import EmbeddingModel, QueryPreview
 from memory.retrieval import Document, Passage
 
 DOCUMENT_COLUMNS = ["Document", "Kind", "Paragraphs", "Size", "Added"]
 PROGRESS = gr.Progress()  # Gradio gives each call its own tracker in place of this marker
 FILE_TYPES = [".txt", ".md", ".markdown", ".html", ".htm", ".pdf"]
+EMBEDDING_INFO = "Chosen by the first document's language; changing it embeds every document again."
 
 
 def document_rows(documents: list[Document]) -> list[list]:
@@ -49,13 +51,13 @@ def preview_html(preview: QueryPreview) -> str:
         "No passage was close enough to the query to enter the window."
     )
     hits = html.table(
-        ["#", "score", "BM25", "cosine", "document", "paragraph", "text"],
+        ["#", "score", "BM25", "similarity", "document", "paragraph", "text"],
         [
             [
                 rank,
                 f"{h.score:.3f}",
                 f"{h.bm25:.2f}",
-                f"{h.cosine:.3f}",
+                f"{h.similarity:.3f}",
                 h.document_name,
                 h.position + 1,
                 h.text[:240],
@@ -65,6 +67,10 @@ def preview_html(preview: QueryPreview) -> str:
         numeric=[0, 1, 2, 3, 5],
     )
     return f"{summary}{reason}<h4>Window</h4>{passages}<h4>Best paragraphs</h4>{hits}"
+
+
+def model_dropdown(model: EmbeddingModel) -> gr.Dropdown:
+    return gr.Dropdown(choices=model.choices, value=model.name)
 
 
 class KnowledgePage(Page):
@@ -96,6 +102,11 @@ class KnowledgePage(Page):
             with gr.Column(scale=3):
                 self.new_name = gr.Textbox(label="New knowledge base", placeholder="Name", elem_id="kb-name")
                 self.create_button = gr.Button("Create", size="sm", elem_id="kb-create")
+            with gr.Column(scale=3):
+                self.embedding_model = gr.Dropdown(
+                    [], label="Embedding model", info=EMBEDDING_INFO, elem_id="kb-embedding-model"
+                )
+                self.embed_button = gr.Button("Use this model", size="sm", elem_id="kb-embed")
 
     def document_area(self) -> None:
         with gr.Column(scale=3):
@@ -120,10 +131,22 @@ class KnowledgePage(Page):
             )
 
     def wire(self) -> None:
-        listing = [self.documents, self.document_ids, self.selected_document, self.delete_document_button]
+        listing = [
+            self.documents,
+            self.document_ids,
+            self.selected_document,
+            self.delete_document_button,
+            self.embedding_model,
+        ]
         self.page.load(self.loaded, outputs=[self.knowledge_base, *listing])
         self.knowledge_base.change(
             self.show_documents, [self.knowledge_base], listing, api_name="list_documents"
+        )
+        self.embed_button.click(
+            self.choose_embedding_model,
+            [self.knowledge_base, self.embedding_model],
+            [self.embedding_model],
+            api_name="choose_embedding_model",
         )
         self.create_button.click(
             self.create,
@@ -177,13 +200,13 @@ class KnowledgePage(Page):
         return gr.Dropdown(choices=choices, value=first), *await self.listing(first, request)
 
     async def listing(self, knowledge_base_id: str | None, request: gr.Request) -> tuple:
-        documents = []
+        documents, model = [], gr.Dropdown(choices=[], value=None)
         if knowledge_base_id:
-            documents = await self.service.knowledge.documents(
-                await self.identity.user(request), knowledge_base_id
-            )
+            user = await self.identity.user(request)
+            documents = await self.service.knowledge.documents(user, knowledge_base_id)
+            model = model_dropdown(await self.service.knowledge.embedding_model(user, knowledge_base_id))
         no_selection = gr.Button(interactive=False)
-        return document_rows(documents), [d.id for d in documents], None, no_selection
+        return document_rows(documents), [d.id for d in documents], None, no_selection, model
 
     @shows_errors
     async def show_documents(self, knowledge_base_id: str | None, request: gr.Request) -> tuple:
@@ -247,6 +270,21 @@ class KnowledgePage(Page):
             await self.identity.user(request), knowledge_base_id, document_id
         )
         return await self.listing(knowledge_base_id, request)
+
+    @shows_errors
+    async def choose_embedding_model(
+        self, knowledge_base_id: str | None, name: str | None, request: gr.Request, progress=PROGRESS
+    ):
+        if not knowledge_base_id or not isinstance(name, str):
+            raise gr.Error("Choose a knowledge base and a model first.")
+
+        def embedded(done: int, total: int) -> None:
+            progress((done, total), desc="Embedding the documents again", unit="paragraphs")
+
+        user = await self.identity.user(request)
+        model = await self.service.knowledge.set_embedding_model(user, knowledge_base_id, name, embedded)
+        gr.Info(f"The documents are embedded by {model.name}.")
+        return model_dropdown(model)
 
     @shows_errors
     async def try_query(self, knowledge_base_id: str | None, query: str, request: gr.Request) -> str:

@@ -11,16 +11,17 @@ from pathlib import Path
 
 import numpy as np
 
-from memory.retrieval.embeddings import DIMENSION
+from memory.retrieval.embeddings import DIMENSION, Encoder
 from memory.retrieval.inverted_index import InvertedIndex
 from memory.retrieval.tokenize import term_counts
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
 
 
 class CollectionIndex:
-    def __init__(self, collection: str):
+    def __init__(self, collection: str, encoder: Encoder):
         self.collection = collection
+        self.encoder = encoder  # what made the vectors, and what embeds a query for them
         self.postings = InvertedIndex()
         self.paragraph_ids = array("q")  # per slot
         self.slot_of: dict[int, int] = {}  # live paragraph id -> slot
@@ -52,8 +53,9 @@ class CollectionIndex:
             self.compact()
 
     def dense_scores(self, query_vector: np.ndarray) -> np.ndarray:
-        """Cosine similarity of every slot; dead slots get -inf."""
-        scores = self.vectors @ query_vector
+        """Similarity of every slot to a query vector of this index's encoder, on the common scale
+        (Encoder.similarity); dead slots get -inf."""
+        scores = self.encoder.similarity(self.vectors @ query_vector)
         scores[np.frombuffer(self.postings.live, dtype=np.uint8) == 0] = -np.inf
         return scores
 
@@ -74,6 +76,7 @@ class CollectionIndex:
             partial,
             version=np.array([SNAPSHOT_VERSION]),
             collection=np.frombuffer(self.collection.encode(), dtype=np.uint8),
+            encoder=np.frombuffer(self.encoder.name.encode(), dtype=np.uint8),
             paragraph_ids=np.frombuffer(self.paragraph_ids, dtype=np.int64),
             vectors=self.vectors,
             lengths=np.frombuffer(index.lengths, dtype=np.float32),
@@ -86,13 +89,16 @@ class CollectionIndex:
         self.unsaved_changes = 0
 
     @classmethod
-    def load(cls, path: Path, collection: str) -> "CollectionIndex":
-        """Raises ValueError when the file is not a snapshot of this collection in this format."""
+    def load(cls, path: Path, collection: str, encoder: Encoder) -> "CollectionIndex":
+        """Raises ValueError when the file is not a snapshot of this collection, in this format, with
+        vectors of this encoder."""
         with np.load(path, allow_pickle=False) as arrays:
             saved = {name: arrays[name] for name in arrays.files}
         if int(saved["version"][0]) != SNAPSHOT_VERSION or bytes(saved["collection"]).decode() != collection:
             raise ValueError(f"{path} is not a version {SNAPSHOT_VERSION} snapshot of {collection!r}")
-        self = cls(collection)
+        if bytes(saved["encoder"]).decode() != encoder.name:
+            raise ValueError(f"{path} holds vectors of another encoder than {encoder.name}")
+        self = cls(collection, encoder)
         self._vectors = saved["vectors"].copy() if len(saved["vectors"]) else self._vectors
         self.paragraph_ids = array("q", saved["paragraph_ids"].tobytes())
         self.slot_of = {int(paragraph_id): slot for slot, paragraph_id in enumerate(self.paragraph_ids)}

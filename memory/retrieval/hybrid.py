@@ -6,7 +6,7 @@ candidates of both lists are pooled, each gets both scores, and each score is st
 (RRF) throws away: on our FAQ set equal-weight RRF fell below the embeddings alone (see README).
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -28,37 +28,51 @@ class Mode(StrEnum):
 @dataclass
 class Scored:
     paragraph_id: int
-    score: float  # what the ranking is by: fused, BM25 or cosine, depending on the mode
+    score: float  # what the ranking is by: fused, BM25 or similarity, depending on the mode
     bm25: float
-    cosine: float
+    similarity: float  # Encoder.similarity: the cosine on a scale common to every encoder
 
 
 def rank(
     indexes: Sequence[CollectionIndex],
     query_terms: list[str],
-    query_vector: np.ndarray | None,
+    query_vectors: Mapping[str, np.ndarray] | None,
     k: int,
     mode: Mode = Mode.HYBRID,
+    only: Mapping[str, set[int]] | None = None,
 ) -> list[Scored]:
-    """The best `k` paragraphs of `indexes`, best first; `query_vector` may be None in BM25 mode."""
+    """The best `k` paragraphs of `indexes`, best first.  `query_vectors` holds the query embedded by each
+    index's encoder, by encoder name; it may be None in BM25 mode.  A collection named in `only` offers
+    only those paragraph ids."""
     if not indexes or k < 1:
         return []
     ids = np.concatenate([np.frombuffer(index.paragraph_ids, dtype=np.int64) for index in indexes])
     if not len(ids):
         return []
     bm25 = np.concatenate(bm25_scores([index.postings for index in indexes], query_terms))
+    allowed = np.concatenate([offered(index, (only or {}).get(index.collection)) for index in indexes])
+    bm25[~allowed] = 0
     if mode == Mode.BM25:
         return _top_by(bm25, bm25, None, ids, k, positive_only=True)
-    cosine = np.concatenate([index.dense_scores(query_vector) for index in indexes])
+    similarity = np.concatenate([index.dense_scores(query_vectors[index.encoder.name]) for index in indexes])
+    similarity[~allowed] = -np.inf
     if mode == Mode.DENSE:
-        return _top_by(cosine, bm25, cosine, ids, k)
-    pool = np.union1d(_top(bm25, CANDIDATES_PER_LIST, positive_only=True), _top(cosine, CANDIDATES_PER_LIST))
+        return _top_by(similarity, bm25, similarity, ids, k)
+    pool = np.union1d(
+        _top(bm25, CANDIDATES_PER_LIST, positive_only=True), _top(similarity, CANDIDATES_PER_LIST)
+    )
     if not len(pool):
         return []
-    fused = DENSE_WEIGHT * _standardised(cosine[pool]) + (1 - DENSE_WEIGHT) * _standardised(bm25[pool])
+    fused = DENSE_WEIGHT * _standardised(similarity[pool]) + (1 - DENSE_WEIGHT) * _standardised(bm25[pool])
     scores = np.full(len(ids), -np.inf, dtype=np.float64)
     scores[pool] = fused
-    return _top_by(scores, bm25, cosine, ids, k)
+    return _top_by(scores, bm25, similarity, ids, k)
+
+
+def offered(index: CollectionIndex, only: set[int] | None) -> np.ndarray:
+    """Per slot of the index: may it be returned (all, unless `only` names the paragraph ids that may)."""
+    ids = np.frombuffer(index.paragraph_ids, dtype=np.int64)
+    return np.ones(len(ids), dtype=bool) if only is None else np.isin(ids, list(only))
 
 
 def _top(scores: np.ndarray, k: int, positive_only: bool = False) -> np.ndarray:
@@ -77,7 +91,7 @@ def _standardised(scores: np.ndarray) -> np.ndarray:
 def _top_by(
     scores: np.ndarray,
     bm25: np.ndarray,
-    cosine: np.ndarray | None,
+    similarity: np.ndarray | None,
     ids: np.ndarray,
     k: int,
     positive_only: bool = False,
@@ -87,7 +101,7 @@ def _top_by(
             int(ids[position]),
             float(scores[position]),
             float(bm25[position]),
-            float(cosine[position]) if cosine is not None else float("nan"),
+            float(similarity[position]) if similarity is not None else float("nan"),
         )
         for position in _top(scores, k, positive_only)
     ]

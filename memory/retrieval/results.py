@@ -38,7 +38,7 @@ class Hit:
     text: str
     score: float  # what the hits are ranked by (fused in hybrid mode)
     bm25: float
-    cosine: float  # nan in BM25 mode
+    similarity: float  # the encoder's cosine on the scale common to every encoder; nan in BM25 mode
 
 
 @dataclass

@@ -9,7 +9,8 @@ import hashlib
 import logging
 import threading
 import zipfile
-from collections.abc import Callable, Iterable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +18,8 @@ from sqlalchemy import Engine, inspect
 
 from memory.retrieval import store
 from memory.retrieval.collection_index import CollectionIndex
-from memory.retrieval.embeddings import Encoder
-from memory.retrieval.hybrid import Mode, rank
+from memory.retrieval.embeddings import DEFAULT_ENCODER, ENCODERS, Encoder, encoder_for_text
+from memory.retrieval.hybrid import Mode, offered, rank
 from memory.retrieval.ingest import MAX_FILE_BYTES, IngestError, extract_text, file_kind
 from memory.retrieval.intent import Intent, classify
 from memory.retrieval.results import Context, Document, Hit, Rejected, UploadResult
@@ -36,6 +37,7 @@ WINDOW_CANDIDATES = 10  # hits a window may choose from
 SUMMARY_KEY_PARAGRAPHS = 12
 EXPANSION_TERMS = 5  # rarest terms of the latest turn added to a follow-up query
 SNAPSHOT_EVERY = 1000  # unsaved paragraph changes before a collection's snapshot is rewritten
+EMBED_BATCH = 64  # paragraphs embedded again per database write when a collection changes encoder
 
 
 class Retriever:
@@ -44,16 +46,18 @@ class Retriever:
         engine: Engine,
         data_dir: Path,
         count_tokens: Callable[[str], int],
-        encoder: Encoder | None = None,
+        encoders: Sequence[Encoder] = (),
     ):
+        """`encoders` replace the built-in ones of the same names (benchmarks use it)."""
         if not inspect(engine).has_table(paragraphs.name):
             raise RuntimeError("the retrieval tables are missing: run the migrations (alembic upgrade head)")
         self.engine = engine
         self.snapshot_dir = Path(data_dir) / "retrieval-index"
         self.snapshot_dir.mkdir(parents=True, exist_ok=True)
         self.count_tokens = count_tokens
-        self.encoder = encoder or Encoder()
+        self.encoders = {name: make() for name, make in ENCODERS.items()} | {e.name: e for e in encoders}
         self._indexes: dict[str, CollectionIndex] = {}
+        self._re_embedding: set[str] = set()  # collections whose paragraphs change encoder now
         self._lock = threading.RLock()  # guards the in-memory indexes; queries take it for milliseconds
 
     def add_document(
@@ -114,6 +118,7 @@ class Retriever:
                 document_ids = store.document_ids(conn, collection)
                 for document_id in document_ids:
                     store.delete_document(conn, document_id)
+                store.delete_collection_row(conn, collection)
             self._indexes.pop(collection, None)
             self._snapshot_path(collection).unlink(missing_ok=True)
         return len(document_ids)
@@ -122,47 +127,90 @@ class Retriever:
         with self.engine.connect() as conn:
             return store.list_documents(conn, collection)
 
+    def encoder_of(self, collection: str) -> str | None:
+        """The encoder of the collection's embeddings; None until it is named or gets a document."""
+        with self.engine.connect() as conn:
+            return store.collection_encoder(conn, collection)
+
+    def collections_by_encoder(self) -> dict[str, int]:
+        """How many collections each encoder serves (the admin's overview)."""
+        with self.engine.connect() as conn:
+            return store.collections_by_encoder(conn)
+
+    def set_encoder(
+        self, collection: str, name: str, progress: Callable[[int, int], None] | None = None
+    ) -> None:
+        """Names the collection's encoder.  Paragraphs made by another are embedded again (slow:
+        progress(done, total) after each batch); until that is done, searches use the old vectors and
+        uploads to the collection are refused."""
+        _check_collection(collection)
+        encoder = self._encoder(name)
+        with self._lock:
+            if collection in self._re_embedding:
+                raise ValueError(f"{collection} is being embedded again already")
+            old = self._collection(collection)  # searches use it until the new vectors are in
+            with self.engine.begin() as conn:
+                store.set_collection_encoder(conn, collection, name)
+            self._re_embedding.add(collection)
+        try:
+            self._embed_stale(collection, encoder, progress)
+        finally:
+            with self._lock:
+                self._re_embedding.discard(collection)
+                if self._indexes.get(collection) is old and old.encoder is not encoder:
+                    del self._indexes[collection]
+                    self._snapshot_path(collection).unlink(missing_ok=True)
+
+    def warm_up(self) -> None:
+        """Loads every encoder's model, so the first question does not wait for it."""
+        for encoder in self.encoders.values():
+            encoder.encode_query("warm up")
+
     def search(
         self, query: str, collections: Sequence[str], k: int = 5, mode: Mode | str = Mode.HYBRID
     ) -> list[Hit]:
         """The k best paragraphs of the collections for the query, best first."""
         collections, mode = _check_search(query, collections, k, mode)
-        query_vector = None if mode == Mode.BM25 else self.encoder.encode_query(query)
         with self._lock:
             indexes = [self._collection(collection) for collection in collections]
-            scored = rank(indexes, tokenize(query), query_vector, k, mode)
+        query_vectors = None if mode == Mode.BM25 else _query_vectors(query, indexes)
+        with self._lock:
+            scored = rank(indexes, tokenize(query), query_vectors, k, mode)
         with self.engine.connect() as conn:
             rows = store.paragraph_rows(conn, [item.paragraph_id for item in scored])
         return [_hit(rows[item.paragraph_id], item) for item in scored if item.paragraph_id in rows]
 
     def build_context(
-        self, query: str, collections: Sequence[str], recent_turns: Sequence[str], budget_tokens: int
+        self,
+        query: str,
+        collections: Sequence[str],
+        recent_turns: Sequence[str],
+        budget_tokens: int,
+        only_documents: Mapping[str, Collection[str]] | None = None,
     ) -> Context:
         """Classifies the query's intent and assembles its window: recent turns and passages from the
         collections, never more than budget_tokens by the model's tokenizer.  recent_turns are rendered
-        turns ("user: ..."), oldest first."""
+        turns ("user: ..."), oldest first.  A collection named in only_documents offers only its documents
+        of those names (a session's turns that the model no longer sees); with none, it is not searched."""
         collections, _ = _check_search(query, collections, 1, Mode.HYBRID)
         if budget_tokens < 1:
             raise ValueError(f"budget_tokens must be positive, got {budget_tokens}")
-        recent_turns = list(recent_turns)
-        decision = classify(query, recent_turns)
+        only_documents = only_documents or {}
+        collections = [c for c in collections if only_documents.get(c, True)]
+        decision = classify(query, list(recent_turns))
         strategy = STRATEGIES[decision.intent]
         budget = max(1, int(budget_tokens * strategy.budget_share))
-        search_text = (
-            f"{recent_turns[-1]}\n{query}" if strategy.expand_with_last_turn and recent_turns else query
-        )
-        query_vector = None if decision.intent == Intent.SUMMARY else self.encoder.encode_query(search_text)
-        with self._lock, self.engine.connect() as conn:
+        with self._lock:
             indexes = {collection: self._collection(collection) for collection in collections}
-            spans = self._intent_spans(conn, indexes, decision.intent, query, recent_turns, query_vector)
-            filled = fill(
-                recent_turns,
-                int(budget * strategy.turn_share),
-                spans,
-                budget,
-                self.count_tokens,
-                in_document_order=decision.intent == Intent.SUMMARY,
-            )
+        spans = self._intent_spans(indexes, decision.intent, query, list(recent_turns), only_documents)
+        filled = fill(
+            list(recent_turns),
+            int(budget * strategy.turn_share),
+            spans,
+            budget,
+            self.count_tokens,
+            in_document_order=decision.intent == Intent.SUMMARY,
+        )
         return Context(
             intent=decision.intent.value,
             intent_reason=decision.rule,
@@ -174,17 +222,25 @@ class Retriever:
         )
 
     def _intent_spans(
-        self, conn, indexes: dict, intent: Intent, query: str, recent_turns: list[str], query_vector
-    ):
+        self, indexes: dict, intent: Intent, query: str, recent_turns: list[str], only_documents: Mapping
+    ) -> list[Span]:
         """The candidate spans for the window: a summary's overview of each document, else the hits of the
         query's terms (and, for a follow-up, the rarest terms of the last turn)."""
+        if not indexes:
+            return []
+        with self.engine.connect() as conn:
+            only = {c: store.paragraph_ids_named(conn, c, names) for c, names in only_documents.items()}
         if intent == Intent.SUMMARY:
-            return self._overview_spans(conn, list(indexes.values()))
+            with self._lock, self.engine.connect() as conn:
+                return self._overview_spans(conn, list(indexes.values()), only)
         strategy = STRATEGIES[intent]
+        expand = strategy.expand_with_last_turn and recent_turns
+        query_vectors = _query_vectors(f"{recent_turns[-1]}\n{query}" if expand else query, indexes.values())
         terms = tokenize(query)
-        if strategy.expand_with_last_turn and recent_turns:
-            terms += _rarest_terms(recent_turns[-1], list(indexes.values()), set(terms))
-        return self._hit_spans(conn, indexes, terms, query_vector, strategy.max_hits)
+        with self._lock, self.engine.connect() as conn:
+            if expand:
+                terms += _rarest_terms(recent_turns[-1], list(indexes.values()), set(terms))
+            return self._hit_spans(conn, indexes, terms, query_vectors, strategy.max_hits, only)
 
     def close(self) -> None:
         """Writes the snapshots of collections changed since their last one, for a fast next start."""
@@ -203,18 +259,55 @@ class Retriever:
             store.indexed_text(segmentation.section_path(paragraph.section), paragraph.text)
             for paragraph in segmentation.paragraphs
         ]
-        vectors = self.encoder.encode_passages(indexed_texts)  # the slow part, outside the lock
+        encoder = self._encoder_for_upload(collection, indexed_texts)
+        vectors = encoder.encode_passages(indexed_texts)  # the slow part, outside the lock
         with self._lock:
             with self.engine.begin() as conn:
+                changed = store.collection_encoder(conn, collection) != encoder.name
+                if changed or collection in self._re_embedding:
+                    raise IngestError(f"{name}: the collection changed encoder during the upload; try again")
                 document, paragraph_ids = store.insert_document(
-                    conn, collection, name, kind, num_bytes, segmentation, vectors
+                    conn, collection, name, kind, num_bytes, segmentation, vectors, encoder.name
                 )
             index = self._indexes.get(collection)  # not loaded: its next load reads these rows
-            if index is not None:
+            if index is not None and index.encoder is not encoder:  # loaded before the encoder was named
+                del self._indexes[collection]
+            elif index is not None:
                 for paragraph_id, indexed, vector in zip(paragraph_ids, indexed_texts, vectors, strict=True):
                     index.add(paragraph_id, indexed, vector)
                 self._save_if_due(index)
         return document
+
+    def _encoder_for_upload(self, collection: str, texts: list[str]) -> Encoder:
+        """The collection's encoder; the first upload to a collection without one names it by its text."""
+        with self._lock, self.engine.begin() as conn:
+            if collection in self._re_embedding:
+                raise IngestError("the collection is being embedded by another encoder; try again later")
+            name = store.collection_encoder(conn, collection)
+            if name is None:
+                name = encoder_for_text("\n".join(texts))
+                store.set_collection_encoder(conn, collection, name)
+        return self._encoder(name)
+
+    def _encoder(self, name: str) -> Encoder:
+        if name not in self.encoders:
+            raise ValueError(f"unknown encoder {name!r}; known: {', '.join(self.encoders)}")
+        return self.encoders[name]
+
+    def _embed_stale(
+        self, collection: str, encoder: Encoder, progress: Callable[[int, int], None] | None = None
+    ) -> None:
+        """Embeds again, by `encoder`, the paragraphs of the collection that another one made."""
+        with self.engine.connect() as conn:
+            stale = store.stale_paragraph_ids(conn, collection, encoder.name)
+        for start in range(0, len(stale), EMBED_BATCH):
+            with self.engine.connect() as conn:
+                texts = store.texts_to_embed(conn, stale[start : start + EMBED_BATCH])
+            vectors = encoder.encode_passages(list(texts.values()))
+            with self.engine.begin() as conn:
+                store.set_embeddings(conn, list(texts), vectors, encoder.name)
+            if progress is not None:
+                progress(min(start + EMBED_BATCH, len(stale)), len(stale))
 
     def _collection(self, collection: str) -> CollectionIndex:
         if collection not in self._indexes:
@@ -226,10 +319,14 @@ class Retriever:
     def _load(self, collection: str) -> CollectionIndex:
         """The snapshot, brought in step with the database; a fresh build when there is no snapshot."""
         path = self._snapshot_path(collection)
-        index = CollectionIndex(collection)
+        with self.engine.connect() as conn:
+            encoder = self._encoder(store.collection_encoder(conn, collection) or DEFAULT_ENCODER)
+        if collection not in self._re_embedding:  # a change of encoder was cut short: finish it
+            self._embed_stale(collection, encoder)
+        index = CollectionIndex(collection, encoder)
         if path.exists():
             try:
-                index = CollectionIndex.load(path, collection)
+                index = CollectionIndex.load(path, collection, encoder)
             except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
                 log.warning("rebuilding the index of %r: unusable snapshot %s (%s)", collection, path, error)
         with self.engine.connect() as conn:
@@ -245,27 +342,34 @@ class Retriever:
             index.save(self._snapshot_path(index.collection))
 
     def _hit_spans(
-        self, conn, indexes: dict[str, CollectionIndex], terms, query_vector, max_hits
+        self, conn, indexes: dict[str, CollectionIndex], terms, query_vectors, max_hits, only
     ) -> list[Span]:
-        scored = rank(list(indexes.values()), terms, query_vector, WINDOW_CANDIDATES)
+        scored = rank(list(indexes.values()), terms, query_vectors, WINDOW_CANDIDATES, only=only)
         rows = store.paragraph_rows(conn, [item.paragraph_id for item in scored])
         candidates = [
-            Candidate(rows[item.paragraph_id], number, item.score, item.cosine)
+            Candidate(rows[item.paragraph_id], number, item.score, item.similarity)
             for number, item in enumerate(scored, start=1)
         ]
-        view = _QueryView(conn, indexes, query_vector)
+        view = _QueryView(conn, indexes, query_vectors)
         return grow(select(candidates, max_hits), view, self.count_tokens)
 
-    def _overview_spans(self, conn, indexes: list[CollectionIndex]) -> list[Span]:
-        """Head and tail of the collections (oldest and newest paragraph), then key paragraphs."""
-        ids = np.concatenate([np.frombuffer(index.paragraph_ids, dtype=np.int64) for index in indexes])
-        live = np.concatenate([np.frombuffer(index.postings.live, dtype=np.uint8) for index in indexes]) == 1
-        if not live.any():
+    def _overview_spans(self, conn, indexes: list[CollectionIndex], only: dict[str, set[int]]) -> list[Span]:
+        """Head and tail of the collections (oldest and newest paragraph), then key paragraphs, chosen
+        among the paragraphs of each encoder in proportion to their number (vectors of two encoders
+        cannot be compared)."""
+        by_encoder = defaultdict(list)
+        for index in indexes:
+            by_encoder[index.encoder.name].append(index)
+        groups = [_live_vectors(group, only) for group in by_encoder.values()]
+        total = sum(len(ids) for ids, _ in groups)
+        if not total:
             return []
-        ids, vectors = ids[live], np.concatenate([index.vectors for index in indexes])[live]
-        chosen = {int(ids.min()): "head", int(ids.max()): "tail"}
-        for paragraph_id in key_paragraphs(ids, vectors, SUMMARY_KEY_PARAGRAPHS):
-            chosen.setdefault(paragraph_id, "key")
+        all_ids = np.concatenate([ids for ids, _ in groups])
+        chosen = {int(all_ids.min()): "head", int(all_ids.max()): "tail"}
+        for ids, vectors in groups:
+            count = max(1, round(SUMMARY_KEY_PARAGRAPHS * len(ids) / total))
+            for paragraph_id in key_paragraphs(ids, vectors, count):
+                chosen.setdefault(paragraph_id, "key")
         rows = store.paragraph_rows(conn, chosen)
         return [
             Span([rows[paragraph_id]], Candidate(rows[paragraph_id], number, 0.0, 0.0), reason)
@@ -308,8 +412,22 @@ def _hit(row: store.ParagraphRow, scored) -> Hit:
         text=row.text,
         score=scored.score,
         bm25=scored.bm25,
-        cosine=scored.cosine,
+        similarity=scored.similarity,
     )
+
+
+def _query_vectors(text: str, indexes: Iterable[CollectionIndex]) -> dict[str, np.ndarray]:
+    """The query embedded once by each encoder among the indexes'."""
+    encoders = {index.encoder.name: index.encoder for index in indexes}
+    return {name: encoder.encode_query(text) for name, encoder in encoders.items()}
+
+
+def _live_vectors(indexes: list[CollectionIndex], only: dict[str, set[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Paragraph ids and vectors of the live slots of indexes of one encoder (only those offered)."""
+    ids = np.concatenate([np.frombuffer(index.paragraph_ids, dtype=np.int64) for index in indexes])
+    live = np.concatenate([np.frombuffer(index.postings.live, dtype=np.uint8) for index in indexes]) == 1
+    live &= np.concatenate([offered(index, only.get(index.collection)) for index in indexes])
+    return ids[live], np.concatenate([index.vectors for index in indexes])[live]
 
 
 def _rarest_terms(text: str, indexes: list[CollectionIndex], exclude: set[str]) -> list[str]:
@@ -324,8 +442,8 @@ def _rarest_terms(text: str, indexes: list[CollectionIndex], exclude: set[str]) 
 class _QueryView:
     """The documents around the hits, and how similar their paragraphs are to the query."""
 
-    def __init__(self, conn, indexes: dict[str, CollectionIndex], query_vector: np.ndarray):
-        self.conn, self.indexes, self.query_vector = conn, indexes, query_vector
+    def __init__(self, conn, indexes: dict[str, CollectionIndex], query_vectors: dict[str, np.ndarray]):
+        self.conn, self.indexes, self.query_vectors = conn, indexes, query_vectors
 
     def rows_at(self, document_id: int, positions) -> list[store.ParagraphRow]:
         return store.document_rows(self.conn, document_id, positions)
@@ -340,5 +458,6 @@ class _QueryView:
         similarities = []
         for row in rows:
             index = self.indexes[row.collection]
-            similarities.append(float(index.vectors[index.slot_of[row.id]] @ self.query_vector))
+            cosine = index.vectors[index.slot_of[row.id]] @ self.query_vectors[index.encoder.name]
+            similarities.append(float(index.encoder.similarity(cosine)))
         return similarities

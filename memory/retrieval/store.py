@@ -5,11 +5,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import numpy as np
-from sqlalchemy import Connection, delete, func, insert, select
+from sqlalchemy import Connection, delete, func, insert, select, update
 
 from memory.retrieval.results import Document
 from memory.retrieval.segment import Segmentation
-from memory.retrieval.tables import documents, paragraphs, sections
+from memory.retrieval.tables import collections, documents, paragraphs, sections
 
 ID_CHUNK = 500  # ids per IN (...) list, well under every database's parameter limit
 
@@ -29,6 +29,7 @@ def insert_document(
     num_bytes: int,
     segmentation: Segmentation,
     vectors: np.ndarray,
+    encoder: str,
 ) -> tuple[Document, list[int]]:
     created_at = datetime.now(UTC)
     values = dict(collection=collection, name=name, kind=kind, num_bytes=num_bytes, created_at=created_at)
@@ -49,6 +50,7 @@ def insert_document(
             text=paragraph.text,
             sentence_ends=paragraph.sentence_ends,
             embedding=vectors[position].tobytes(),
+            encoder=encoder,
         )
         for position, paragraph in enumerate(segmentation.paragraphs)
     ]
@@ -68,6 +70,51 @@ def delete_document(conn: Connection, document_id: int) -> tuple[str, list[int]]
     conn.execute(delete(sections).where(sections.c.document_id == document_id))
     conn.execute(delete(documents).where(documents.c.id == document_id))
     return collection, ids
+
+
+def collection_encoder(conn: Connection, collection: str) -> str | None:
+    return conn.scalar(select(collections.c.encoder).where(collections.c.name == collection))
+
+
+def set_collection_encoder(conn: Connection, collection: str, encoder: str) -> None:
+    row = collections.c.name == collection
+    if not conn.execute(update(collections).where(row).values(encoder=encoder)).rowcount:
+        conn.execute(insert(collections).values(name=collection, encoder=encoder))
+
+
+def collections_by_encoder(conn: Connection) -> dict[str, int]:
+    query = select(collections.c.encoder, func.count()).group_by(collections.c.encoder)
+    return {encoder: count for encoder, count in conn.execute(query.order_by(collections.c.encoder))}
+
+
+def delete_collection_row(conn: Connection, collection: str) -> None:
+    conn.execute(delete(collections).where(collections.c.name == collection))
+
+
+def stale_paragraph_ids(conn: Connection, collection: str, encoder: str) -> list[int]:
+    """The collection's paragraphs embedded by another encoder than its own."""
+    stale = (paragraphs.c.collection == collection) & (paragraphs.c.encoder != encoder)
+    return list(conn.scalars(select(paragraphs.c.id).where(stale).order_by(paragraphs.c.id)))
+
+
+def set_embeddings(conn: Connection, ids: list[int], vectors: np.ndarray, encoder: str) -> None:
+    for paragraph_id, vector in zip(ids, vectors, strict=True):
+        values = dict(embedding=vector.tobytes(), encoder=encoder)
+        conn.execute(update(paragraphs).where(paragraphs.c.id == paragraph_id).values(**values))
+
+
+def texts_to_embed(conn: Connection, ids: list[int]) -> dict[int, str]:
+    """indexed_text of each paragraph still there, by id."""
+    columns = (paragraphs.c.id, paragraphs.c.heading, paragraphs.c.text)
+    query = select(*columns).where(paragraphs.c.id.in_(ids)).order_by(paragraphs.c.id)
+    return {row.id: indexed_text(row.heading, row.text) for row in conn.execute(query)}
+
+
+def paragraph_ids_named(conn: Connection, collection: str, names: Iterable[str]) -> set[int]:
+    """Ids of the paragraphs of the collection's documents with these names."""
+    named = (documents.c.collection == collection) & documents.c.name.in_(sorted(set(names)))
+    query = select(paragraphs.c.id).join(documents, documents.c.id == paragraphs.c.document_id).where(named)
+    return set(conn.scalars(query))
 
 
 def document_ids(conn: Connection, collection: str) -> list[int]:

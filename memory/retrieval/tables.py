@@ -1,7 +1,9 @@
 """The retriever's tables, on their own MetaData so the chat service's migrations can include them.
 
 Every paragraph row keeps what a restart needs to rebuild the in-memory index without re-embedding: its
-text (re-tokenized) and its embedding (float32 bytes).  Ids never get reused (sqlite_autoincrement), so an
+text (re-tokenized), its embedding (float32 bytes) and the encoder that made it.  A collection's row names
+the encoder its paragraphs must have: a paragraph with another one (a change of encoder cut short) is
+embedded again before the collection is searched.  Ids never get reused (sqlite_autoincrement), so an
 index snapshot that names a paragraph id can trust it still means the same paragraph.
 """
 
@@ -29,6 +31,13 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+collections = Table(
+    "retrieval_collections",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("encoder", String(64), nullable=False),
+)
 
 documents = Table(
     "retrieval_documents",
@@ -78,6 +87,7 @@ paragraphs = Table(
     Column("text", Text, nullable=False),
     Column("sentence_ends", JSON, nullable=False),
     Column("embedding", LargeBinary, nullable=False),
+    Column("encoder", String(64), nullable=False),
     UniqueConstraint("document_id", "position"),
     sqlite_autoincrement=True,
 )

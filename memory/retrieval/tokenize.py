@@ -1,8 +1,9 @@
-"""Text -> index terms for BM25: lower-cased, stemmed English words without stop words, CJK bigrams.
+"""Text -> index terms for BM25: lower-cased, stemmed English words without stop words, CJK characters.
 
-A `\\w+` tokenizer would make a whole Chinese sentence one term, so runs of CJK characters become
-overlapping character bigrams (a lone character stays a unigram): Chinese text is searchable without a
-dictionary-based segmenter.
+A `\\w+` tokenizer would make a whole Chinese sentence one term, so a run of CJK characters becomes its
+characters and its overlapping bigrams.  Measured on our Chinese dev questions (README, Retrieval), this
+beat a word segmenter (jieba's Rust port, rjieba), alone or beside bigrams: a paraphrase shares characters
+with its paragraph more often than whole words (没电 / 电量), and the bigrams keep word order.
 """
 
 import re
@@ -35,9 +36,7 @@ def _stem(word: str) -> str:
 
 
 def _cjk_terms(run: str) -> list[str]:
-    if len(run) == 1:
-        return [run]
-    return [run[i : i + 2] for i in range(len(run) - 1)]
+    return [*run, *(run[i : i + 2] for i in range(len(run) - 1))]
 
 
 def tokenize(text: str) -> list[str]:

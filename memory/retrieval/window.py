@@ -16,7 +16,7 @@ import numpy as np
 from memory.retrieval.results import Passage
 from memory.retrieval.store import ParagraphRow
 
-KEEP_MARGIN = 0.1  # cosine below the best hit's at which hits stop being kept
+KEEP_MARGIN = 0.1  # similarity (Encoder.similarity) below the best hit's at which hits stop being kept
 SHORT_PARAGRAPH_TOKENS = 24  # a paragraph this short is read with the next one (a heading line, "Yes.")
 
 
@@ -25,7 +25,7 @@ class Candidate:
     row: ParagraphRow
     rank: int  # from 1
     score: float
-    cosine: float
+    similarity: float
 
 
 class DocumentView(Protocol):
@@ -43,8 +43,8 @@ class DocumentView(Protocol):
 def select(candidates: Sequence[Candidate], max_hits: int) -> list[Candidate]:
     if not candidates:
         return []
-    floor = candidates[0].cosine - KEEP_MARGIN
-    return [candidate for candidate in candidates[:max_hits] if candidate.cosine >= floor]
+    floor = candidates[0].similarity - KEEP_MARGIN
+    return [candidate for candidate in candidates[:max_hits] if candidate.similarity >= floor]
 
 
 @dataclass
@@ -60,7 +60,7 @@ def grow(hits: Sequence[Candidate], view: DocumentView, count_tokens: Callable[[
     """Spans around the hits, best first."""
     if not hits:
         return []
-    floor = hits[0].cosine - KEEP_MARGIN
+    floor = hits[0].similarity - KEEP_MARGIN
     ranges: dict[int, list[tuple[int, int, Candidate, str]]] = {}  # document -> (first, last, hit, why)
     merged_sections = _sections_mostly_hit(hits, view)
     for hit in hits:

@@ -4,7 +4,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from chatsvc import chat_sessions, crud
 from chatsvc.db import alembic_config, create_db_engine, migrate
@@ -37,6 +37,31 @@ def test_migrations_upgrade_downgrade_and_upgrade_again(db_url):
     engine.dispose()
 
 
+def test_embeddings_made_before_encoders_were_recorded_are_marked_minilm(db_url):
+    engine = create_db_engine(db_url)
+    migrate(engine)
+    with engine.begin() as connection:
+        command.downgrade(alembic_config(connection), "0005")
+        connection.execute(
+            text(
+                "INSERT INTO retrieval_documents (id, collection, name, kind, num_bytes, created_at) "
+                "VALUES (1, 'kb:old', 'a.md', 'markdown', 5, CURRENT_TIMESTAMP)"
+            )
+        )
+        connection.execute(text("INSERT INTO retrieval_sections VALUES (1, 1, NULL, 0, 0, '')"))
+        connection.execute(
+            text("INSERT INTO retrieval_paragraphs VALUES (1, 'kb:old', 1, 1, 0, '', 'hi', :ends, :vector)"),
+            {"ends": "[5]", "vector": b"\0" * 1536},
+        )
+    migrate(engine)
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT name, encoder FROM retrieval_collections")).all() == [
+            ("kb:old", "minilm")
+        ]
+        assert connection.scalar(text("SELECT encoder FROM retrieval_paragraphs")) == "minilm"
+    engine.dispose()
+
+
 def test_first_admin_is_created_once_and_follows_the_settings_key_and_password(database):
     with database.begin() as db:
         admin, generated, password = crud.ensure_first_admin(db, api_key=None, password=None)
@@ -64,6 +89,7 @@ def test_sessions_list_pinned_first_then_newest_and_search_titles_and_text(datab
         second = chat_sessions.create_session(db, alice, title="Recipes")
         crud.add_message(db, second, None, "user", "How long to bake 100% rye_bread?")
         third = chat_sessions.create_session(db, alice, title="Taxes")
+        crud.add_message(db, third, None, "user", "退货需要多长时间？")
         chat_sessions.update_session(db, first, {"pinned": True})
         chat_sessions.create_session(db, bob, title="Bob's Kyoto notes")
     with database.begin() as db:
@@ -72,6 +98,7 @@ def test_sessions_list_pinned_first_then_newest_and_search_titles_and_text(datab
         assert [s.id for s in crud.list_sessions(db, alice.id, search="kyoto")[0]] == [first.id]
         assert [s.id for s in crud.list_sessions(db, alice.id, search="100% RYE_")[0]] == [second.id]
         assert crud.list_sessions(db, alice.id, search="100%%")[1] == 0  # % and _ match literally
+        assert [s.id for s in crud.list_sessions(db, alice.id, search="退货")[0]] == [third.id]
         chat_sessions.update_session(db, crud.find_session(db, alice.id, third.id), {"archived": True})
         assert third.id not in [s.id for s in crud.list_sessions(db, alice.id)[0]]
         assert [s.id for s in crud.list_sessions(db, alice.id, archived=True)[0]] == [third.id]

@@ -73,3 +73,18 @@ def test_uploads_have_their_own_size_limit_and_bad_requests_get_clear_errors(ser
     assert empty_query.status_code == 422
     unknown = server.rest("DELETE", f"/api/knowledge-bases/{kb}/documents/999999")
     assert unknown.status_code == 404
+
+
+def test_the_embedding_model_follows_the_language_and_can_be_changed(server):
+    kb = server.rest("POST", "/api/knowledge-bases", json={"name": "售后"}).json()["id"]
+    path = f"/api/knowledge-bases/{kb}/embedding-model"
+    assert server.rest("GET", path).json() == {"name": None, "choices": ["minilm", "multilingual-e5-small"]}
+    files = [("files", ("退货.md", "商品签收后七天内可以无理由退货。".encode(), "text/markdown"))]
+    assert server.rest("POST", f"/api/knowledge-bases/{kb}/documents", files=files).status_code == 200
+    assert server.rest("GET", path).json()["name"] == "multilingual-e5-small"
+    changed = server.rest("PUT", path, json={"embedding_model": "minilm"})
+    assert changed.status_code == 200 and changed.json()["name"] == "minilm"
+    unknown = server.rest("PUT", path, json={"embedding_model": "../../bert"})
+    assert unknown.status_code == 400 and "unknown encoder" in unknown.json()["error"]["message"]
+    preview = server.rest("POST", f"/api/knowledge-bases/{kb}/query", json={"query": "退货"}).json()
+    assert preview["hits"][0]["text"].startswith("商品签收后")

@@ -58,6 +58,8 @@ ROUTES = [
     ("GET", "/api/knowledge-bases/{kb}/documents", None, (401, 404, 404, 200)),
     ("POST", "/api/knowledge-bases/{kb}/documents", "upload", (401, 404, 404, 200)),
     ("POST", "/api/knowledge-bases/{kb}/query", {"query": "red button?"}, (401, 404, 404, 200)),
+    ("GET", "/api/knowledge-bases/{kb}/embedding-model", None, (401, 404, 404, 200)),
+    ("PUT", "/api/knowledge-bases/{kb}/embedding-model", {"embedding_model": "minilm"}, (401, 404, 404, 200)),
     ("DELETE", "/api/knowledge-bases/{kb}/documents/{doc}", None, (401, 404, 404, 200)),
     ("DELETE", "/api/keys/{key}", None, (401, 404, 404, 200)),
     ("GET", "/api/admin/users", None, (401, 403, 200, 403)),

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 from chatsvc.chat_sessions import age_group
 from chatsvc.citations import Source, citations, cited_numbers, numbered
 from chatsvc.models import Message
-from chatsvc.prompts import chat_messages, fit_prompt, user_turn_text
+from chatsvc.prompts import chat_messages, fit_prompt, kept_start, message_token_spans, user_turn_text
 from chatsvc.turn_flow import make_title
 
 LIMIT = 8192
@@ -68,6 +68,19 @@ def test_a_session_longer_than_the_context_drops_its_oldest_turns_only(tokenizer
     )
     with pytest.raises(ValueError, match="too long"):
         fit_prompt(tokenizer, None, [user("word " * 300)], 100)
+    assert (kept_start(tokenizer, None, path, LIMIT), kept_start(tokenizer, None, path, short_limit)) == (
+        0,
+        2,
+    )
+
+
+def test_message_token_spans_cover_each_text_in_the_rendered_conversation(tokenizer):
+    path = [user("My locker code is 4711."), reply("Noted."), user("商品签收后七天内可以退货"), reply("")]
+    text = tokenizer.apply_chat_template(chat_messages("Be brief.", path), tokenize=False)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    spans = message_token_spans(tokenizer, "Be brief.", path)
+    decoded = [tokenizer.decode(ids[span.start : span.stop]) for span in spans]
+    assert decoded == ["My locker code is 4711.", "Noted.", "商品签收后七天内可以退货", ""]
 
 
 def fit_one_turn_at_a_time(

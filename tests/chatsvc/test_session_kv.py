@@ -149,5 +149,6 @@ def test_the_engine_panel_reports_load_and_session_memory(server, client):
     assert panel["ttft_p50_s"] > 0 and panel["ttft_p99_s"] >= panel["ttft_p50_s"]
     assert panel["session_memory"]["sessions_in_pool"] >= 1 and panel["session_memory"]["reused_tokens"] > 0
     assert 0 <= panel["prefix_cache_hit_rate"] <= 1
+    assert "minilm: " in panel["embedding_models"]  # the session's turns are indexed in English
     ask(client, "Count to four.")
     assert server.rest("GET", "/api/admin/engine").json()["generation_tokens_per_s"] > 0

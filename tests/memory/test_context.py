@@ -97,6 +97,17 @@ def test_an_evicted_fact_comes_back_from_the_session_index(retriever):
     assert context.passages[0].document_name == "turn 3 (user)"
 
 
+def test_only_the_turns_named_are_offered_and_none_leaves_the_collection_out(retriever):
+    question = "What was my flight number again?"
+    context = retriever.build_context(question, ["session:1"], RECENT, 400, {"session:1": {"turn 5 (user)"}})
+    assert {passage.document_name for passage in context.passages} == {"turn 5 (user)"}
+    for intent_query in (question, "Summarise our chat"):
+        context = retriever.build_context(
+            intent_query, ["kb:1", "session:1"], RECENT, 400, {"session:1": set()}
+        )
+        assert context.passages and {p.collection for p in context.passages} == {"kb:1"}
+
+
 def test_a_section_whose_paragraphs_mostly_hit_is_taken_whole(retriever):
     context = retriever.build_context("radon gas level measurement well", ["kb:1"], [], 2000)
     radon = next(passage for passage in context.passages if passage.heading == "Radon")

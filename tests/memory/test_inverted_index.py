@@ -6,6 +6,7 @@ import pytest
 
 from memory.retrieval.bm25_reference import LuceneIdfBM25
 from memory.retrieval.collection_index import CollectionIndex
+from memory.retrieval.embeddings import MiniLM, MultilingualE5
 from memory.retrieval.inverted_index import InvertedIndex, bm25_scores
 from memory.retrieval.tokenize import tokenize
 
@@ -50,7 +51,7 @@ def scores_by_id(index: CollectionIndex, query: list[str]) -> dict[int, float]:
 def test_incremental_add_and_delete_equal_a_fresh_build(corpus, queries, tmp_path):
     rng = random.Random(0)
     vectors = np.random.default_rng(0).standard_normal((len(corpus), 384)).astype(np.float32)
-    incremental, kept = CollectionIndex("kb:1"), set()
+    incremental, kept = CollectionIndex("kb:1", MiniLM()), set()
     for step in range(3):
         for paragraph_id in range(step * 50, min(len(corpus), step * 50 + 80)):
             if paragraph_id not in kept:
@@ -59,11 +60,11 @@ def test_incremental_add_and_delete_equal_a_fresh_build(corpus, queries, tmp_pat
         for paragraph_id in rng.sample(sorted(kept), 45):  # more than half at times: compaction runs too
             incremental.remove(paragraph_id)
             kept.discard(paragraph_id)
-    fresh = CollectionIndex("kb:1")
+    fresh = CollectionIndex("kb:1", MiniLM())
     for paragraph_id in sorted(kept):
         fresh.add(paragraph_id, " ".join(corpus[paragraph_id]), vectors[paragraph_id])
     incremental.save(tmp_path / "snapshot.npz")
-    reloaded = CollectionIndex.load(tmp_path / "snapshot.npz", "kb:1")
+    reloaded = CollectionIndex.load(tmp_path / "snapshot.npz", "kb:1", MiniLM())
     for query in queries:
         expected = scores_by_id(fresh, query)
         assert scores_by_id(incremental, query) == pytest.approx(expected, abs=1e-5)
@@ -84,9 +85,18 @@ def test_removed_paragraphs_score_nothing_and_stats_follow():
         index.remove(0)
 
 
-def test_snapshot_of_another_collection_is_refused(tmp_path):
-    index = CollectionIndex("kb:1")
+def test_snapshot_of_another_collection_or_encoder_is_refused(tmp_path):
+    index = CollectionIndex("kb:1", MiniLM())
     index.add(7, "heat pump", np.ones(384, dtype=np.float32))
     index.save(tmp_path / "a.npz")
-    with pytest.raises(ValueError, match="not a version 1 snapshot of 'kb:2'"):
-        CollectionIndex.load(tmp_path / "a.npz", "kb:2")
+    with pytest.raises(ValueError, match="not a version 2 snapshot of 'kb:2'"):
+        CollectionIndex.load(tmp_path / "a.npz", "kb:2", MiniLM())
+    with pytest.raises(ValueError, match="another encoder than multilingual-e5-small"):
+        CollectionIndex.load(tmp_path / "a.npz", "kb:1", MultilingualE5())
+
+
+def test_mixed_chinese_and_english_text_becomes_characters_bigrams_and_stemmed_words():
+    assert tokenize("NFC刷不了，iPhone 15的电池") == [
+        "nfc", "刷", "不", "了", "刷不", "不了", "iphon", "15", "的", "电", "池", "的电", "电池"
+    ]  # fmt: skip
+    assert tokenize("ＮＦＣ（近场通信）") == tokenize("NFC(近场通信)")  # full-width forms fold to ASCII

@@ -40,7 +40,7 @@ def test_search_finds_keywords_and_paraphrases_with_citation_fields(make_retriev
         "Building permits",
         1,
     )
-    assert hit.bm25 > 0 and hit.cosine > 0
+    assert hit.bm25 > 0 and hit.similarity > 0
     # No word shared with the paragraph: only the embeddings can find it.
     paraphrase = retriever.search(
         "cheaper ways to keep my house warm when it is cold", ["kb:1"], k=1, mode="dense"

@@ -8,20 +8,26 @@ from sqlalchemy import create_engine
 
 from memory.retrieval.tables import metadata
 
-MIGRATION = Path(__file__).parents[2] / "migrations" / "versions" / "0002_retrieval.py"
+VERSIONS = Path(__file__).parents[2] / "migrations" / "versions"
+MIGRATIONS = ["0002_retrieval.py", "0006_collection_encoders.py"]  # the ones that touch these tables
 
 
-def test_migration_creates_exactly_the_tables_the_code_declares(tmp_path):
-    spec = importlib.util.spec_from_file_location("retrieval_migration", MIGRATION)
+def load(file: str):
+    spec = importlib.util.spec_from_file_location(file.removesuffix(".py"), VERSIONS / file)
     migration = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(migration)
-    assert (migration.revision, migration.down_revision) == ("0002", "0001")
+    return migration
+
+
+def test_migrations_create_exactly_the_tables_the_code_declares(tmp_path):
+    migrations = [load(file) for file in MIGRATIONS]
     engine = create_engine(f"sqlite:///{tmp_path / 'migrated.sqlite'}")
     with engine.begin() as conn:
         context = MigrationContext.configure(conn)
         with Operations.context(context):
-            migration.upgrade()
+            for migration in migrations:
+                migration.upgrade()
         assert compare_metadata(MigrationContext.configure(conn), metadata) == []
         with Operations.context(context):
-            migration.downgrade()
+            migrations[-1].downgrade()
         assert compare_metadata(MigrationContext.configure(conn), metadata) != []

@@ -187,16 +187,48 @@ COMPOSING_ENTER = """el => {
 }"""
 
 
-def test_enter_while_an_input_method_composes_does_not_send(server, page):
+RETURNS = """# 退货政策
+
+## 无理由退货
+
+商品签收后七天内，包装完好、配件齐全的，可以申请无理由退货，运费由买家承担。
+
+## 退款到账
+
+退款按原支付方式退回：支付宝一至三个工作日到账，银行卡三至七个工作日到账。
+""".encode()
+
+
+def chinese_knowledge_base(server) -> None:
+    key = server.user_keys["alice"]
+    kb = server.rest("POST", "/api/knowledge-bases", key=key, json={"name": "售后政策"}).json()["id"]
+    files = [("files", ("退货政策.md", RETURNS, "text/markdown"))]
+    added = server.rest("POST", f"/api/knowledge-bases/{kb}/documents", key=key, files=files)
+    assert added.status_code == 200, added.text
+
+
+def test_a_chinese_question_composed_with_an_input_method_gets_its_answer_and_sources(server, page):
     """Shift+Enter sends from the two-line box; the same keys while an input method composes (choosing a
-    Chinese candidate) must not."""
+    Chinese candidate) must not.  The answer streams in whole characters, with its Chinese source."""
+    chinese_knowledge_base(server)
     open_chat(server, page)
+    set_temperature(page, 0)
+    page.locator("#knowledge-base input").click()
+    page.get_by_role("option", name="售后政策").click()
     box = page.locator("#message textarea")
-    box.fill("退货要多久？")
+    box.fill("退款多久能到我的支付宝？")
     box.evaluate(COMPOSING_ENTER)
     page.wait_for_timeout(1500)
     expect(page.locator("#stop")).to_be_hidden()
-    assert box.input_value() == "退货要多久？"
+    assert box.input_value() == "退款多久能到我的支付宝？"
     box.press("Shift+Enter")
     page.locator("#stop").wait_for(state="visible")
     wait_reply(page)
+    reply = page.locator("#chat .bot").last
+    assert "\ufffd" not in reply.inner_text()  # no character cut between two streamed pieces
+    reply.get_by_text("Sources (").click()
+    paragraph = reply.get_by_text("支付宝一至三个工作日到账").filter(visible=True)
+    shown_before = paragraph.count()
+    reply.get_by_text("[1] 退货政策.md").click()
+    expect(paragraph).to_have_count(shown_before + 1)
+    screenshot(page, "chat-chinese-citation")

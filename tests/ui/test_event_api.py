@@ -40,3 +40,17 @@ def test_the_event_api_needs_a_login(server):
         gradio_client.Client(f"{server.url}/", verbose=False).predict("Hi", "", "", 0, api_name="/send")
     with pytest.raises(Exception, match=r"(?i)credentials|login"):
         gradio_client.Client(f"{server.url}/", auth=("alice", "wrong password"), verbose=False)
+
+
+def test_choosing_an_embedding_model_refuses_hostile_payloads(server):
+    alice = gradio_client.Client(f"{server.url}/", auth=ALICE, verbose=False)
+    kb = server.rest("POST", "/api/knowledge-bases", key=server.user_keys["alice"], json={"name": "Models"})
+    theirs = server.rest("POST", "/api/knowledge-bases", json={"name": "The admin's"}).json()["id"]
+    mine = kb.json()["id"]
+    hostile = [(mine, "../../etc/passwd"), (mine, 7), (theirs, "minilm"), (None, "minilm")]
+    for knowledge_base, model in hostile:
+        with pytest.raises(AppError):
+            alice.predict(knowledge_base, model, api_name="/choose_embedding_model")
+    for knowledge_base, key in ((mine, server.user_keys["alice"]), (theirs, None)):
+        path = f"/api/knowledge-bases/{knowledge_base}/embedding-model"
+        assert server.rest("GET", path, **({"key": key} if key else {})).json()["name"] is None

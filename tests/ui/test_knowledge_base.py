@@ -47,9 +47,24 @@ def upload_and_try_a_query(page) -> None:
     assert "every Tuesday from 9 to 11" in results.locator(".kv-passage").first.inner_text()
 
 
+def embed_with_e5(server, page) -> None:
+    """The English documents got MiniLM; choosing e5 embeds them again and says so."""
+    model = page.locator("#kb-embedding-model input")
+    expect(model).to_have_value("minilm")
+    model.click()
+    page.get_by_role("option", name="multilingual-e5-small").click()
+    page.locator("#kb-embed").click()
+    page.get_by_text("The documents are embedded by multilingual-e5-small.").wait_for(timeout=60_000)
+    bases = server.rest("GET", "/api/knowledge-bases", key=server.user_keys["alice"]).json()["data"]
+    kb = next(base["id"] for base in bases if base["name"] == "Station handbook")
+    path = f"/api/knowledge-bases/{kb}/embedding-model"
+    assert server.rest("GET", path, key=server.user_keys["alice"]).json()["name"] == "multilingual-e5-small"
+
+
 def test_upload_query_and_an_answer_that_cites_the_document(server, page):
     log_in(page, server.url, *ALICE, path="/knowledge")
     upload_and_try_a_query(page)
+    embed_with_e5(server, page)
     screenshot(page, "knowledge-base")
     assert page.evaluate("window.__xss") is None
 

@@ -1,5 +1,6 @@
-"""A user's knowledge bases and their documents: upload (several files at once), list, delete, and try a
-query.  The documents live in the retriever (chatsvc/sources.py names their collection)."""
+"""A user's knowledge bases and their documents: upload (several files at once), list, delete, choose the
+embedding model, and try a query.  The documents live in the retriever (chatsvc/sources.py names their
+collection)."""
 
 from typing import Annotated
 
@@ -9,6 +10,7 @@ from chatsvc.api.deps import CurrentUser, ServiceDep
 from chatsvc.api.schemas import (
     Detail,
     DocumentList,
+    EmbeddingModelChoice,
     Id,
     KnowledgeBaseCreate,
     KnowledgeBaseList,
@@ -16,7 +18,7 @@ from chatsvc.api.schemas import (
     QueryRequest,
     UploadResponse,
 )
-from chatsvc.views import QueryPreview
+from chatsvc.views import EmbeddingModel, QueryPreview
 
 router = APIRouter(prefix="/api/knowledge-bases", tags=["knowledge bases"])
 UPLOAD_PATH = r"/api/knowledge-bases/[^/]+/documents"  # has its own request size limit
@@ -69,6 +71,21 @@ async def upload_documents(
 async def delete_document(knowledge_base_id: str, document_id: Id, user: CurrentUser, service: ServiceDep):
     await service.knowledge.delete_document(user, knowledge_base_id, document_id)
     return Detail(detail=f"document {document_id} deleted")
+
+
+@router.get("/{knowledge_base_id}/embedding-model", response_model=EmbeddingModel)
+async def read_embedding_model(knowledge_base_id: str, user: CurrentUser, service: ServiceDep):
+    """The encoder of the documents (chosen by the first document's language unless set) and the choices."""
+    return await service.knowledge.embedding_model(user, knowledge_base_id)
+
+
+@router.put("/{knowledge_base_id}/embedding-model", response_model=EmbeddingModel)
+async def choose_embedding_model(
+    knowledge_base_id: str, body: EmbeddingModelChoice, user: CurrentUser, service: ServiceDep
+):
+    """Documents embedded by another model are embedded again before this returns (slow for a large one);
+    meanwhile searches use the old vectors and uploads are refused."""
+    return await service.knowledge.set_embedding_model(user, knowledge_base_id, body.embedding_model)
 
 
 @router.post("/{knowledge_base_id}/query", response_model=QueryPreview)

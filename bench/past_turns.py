@@ -61,40 +61,42 @@ def serve(settings: Settings) -> uvicorn.Server:
     server = uvicorn.Server(uvicorn.Config(create_api(settings), port=settings.port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
     deadline = time.monotonic() + 300
-    while not server.started:
+    while not server.started or httpx.get(f"http://127.0.0.1:{settings.port}/health").status_code != 200:
         assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.1)
+        time.sleep(0.2)
     return server
 
 
-async def chat(url: str, index: int, budget: int, max_tokens: int) -> dict:
+async def chat(url: str, model: str, index: int, budget: int, max_tokens: int) -> dict:
     """One conversation in its own session: the fact's recall and each turn's prompt and reused tokens."""
     headers = {"Authorization": f"Bearer {KEY}"}
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600) as rest:
         created = await rest.post("/api/sessions", json={"kv_budget_tokens": budget, "system_prompt": SYSTEM})
     session_id = created.json()["id"]
-    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=600)
     messages, fact = conversation(index)
     turns = []
-    for message in messages:
-        reply = await client.chat.completions.create(
-            model="default",
-            messages=[{"role": "user", "content": message}],
-            max_tokens=max_tokens,
-            temperature=0,
-            extra_body={"session_id": session_id},
-        )
-        usage = reply.usage
-        turns.append((usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens))
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=600) as client:
+        for message in messages:
+            reply = await client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": message}],
+                max_tokens=max_tokens,
+                temperature=0,
+                extra_body={"session_id": session_id},
+            )
+            usage = reply.usage
+            turns.append((usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens))
     return {"conversation": index, "recalled": fact in reply.choices[0].message.content, "turns": turns}
 
 
 async def run_setup(url: str, budget: int, count: int, max_tokens: int, concurrency: int) -> list[dict]:
     limit = asyncio.Semaphore(concurrency)
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY) as client:
+        model = (await client.models.list()).data[0].id
 
     async def one(index: int) -> dict:
         async with limit:
-            return await chat(url, index, budget, max_tokens)
+            return await chat(url, model, index, budget, max_tokens)
 
     return await asyncio.gather(*(one(index) for index in range(count)))
 

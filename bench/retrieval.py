@@ -137,7 +137,7 @@ def load_chinese(retriever: Retriever) -> Corpus:
         for hit_id, text in _all_paragraphs(retriever, "zh")
     }
     query_sets = {}
-    for part in ("dev", "holdout"):
+    for part in ("dev", "holdout", "holdout2"):
         lines = (DATA / f"zh_queries_{part}.jsonl").read_text(encoding="utf-8").splitlines()
         for language in ("zh", "en"):
             queries = [json.loads(line) for line in lines]

@@ -41,7 +41,7 @@ def _bigrams(run: str) -> list[str]:
 
 CJK_TERMS = {
     "bigrams (before)": _bigrams,
-    "characters + bigrams (ours)": lambda run: [*run, *_bigrams(run)] if len(run) > 1 else [run],
+    "characters + bigrams (ours)": tokenize._cjk_terms,
     "rjieba words": lambda run: rjieba.cut(run),
     "rjieba words + bigrams": lambda run: rjieba.cut(run) + _bigrams(run),
     "rjieba search words + characters": lambda run: rjieba.cut_for_search(run) + list(run),

@@ -1,8 +1,8 @@
 """A turn's sources: from its session's knowledge base and from the session's own past turns that the model
 no longer sees (so a fact that left the prompt or the session's KV can come back; turns of other branches
-never do); every finished turn is indexed for later ones.  The retriever
-(memory.retrieval) is synchronous and CPU-bound: it always runs in a worker thread.  The collection names
-of knowledge bases and sessions are made here and nowhere else."""
+never do); every finished turn is indexed for later ones.  The retriever (memory.retrieval) is synchronous
+and CPU-bound: it always runs in a worker thread.  The collection names of knowledge bases and sessions are
+made here and nowhere else."""
 
 import asyncio
 import dataclasses

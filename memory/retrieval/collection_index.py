@@ -59,6 +59,10 @@ class CollectionIndex:
         scores[np.frombuffer(self.postings.live, dtype=np.uint8) == 0] = -np.inf
         return scores
 
+    def similarity(self, paragraph_id: int, query_vector: np.ndarray) -> float:
+        """dense_scores of one live paragraph."""
+        return float(self.encoder.similarity(self.vectors[self.slot_of[paragraph_id]] @ query_vector))
+
     def compact(self) -> None:
         vectors = self.vectors
         keep = self.postings.compact()

@@ -228,16 +228,16 @@ class Retriever:
         query's terms (and, for a follow-up, the rarest terms of the last turn)."""
         if not indexes:
             return []
-        with self.engine.connect() as conn:
-            only = {c: store.paragraph_ids_named(conn, c, names) for c, names in only_documents.items()}
-        if intent == Intent.SUMMARY:
-            with self._lock, self.engine.connect() as conn:
-                return self._overview_spans(conn, list(indexes.values()), only)
         strategy = STRATEGIES[intent]
         expand = strategy.expand_with_last_turn and recent_turns
-        query_vectors = _query_vectors(f"{recent_turns[-1]}\n{query}" if expand else query, indexes.values())
+        summary = intent == Intent.SUMMARY
+        search_text = f"{recent_turns[-1]}\n{query}" if expand else query
+        query_vectors = None if summary else _query_vectors(search_text, indexes.values())  # outside the lock
         terms = tokenize(query)
         with self._lock, self.engine.connect() as conn:
+            only = {c: store.paragraph_ids_named(conn, c, names) for c, names in only_documents.items()}
+            if summary:
+                return self._overview_spans(conn, list(indexes.values()), only)
             if expand:
                 terms += _rarest_terms(recent_turns[-1], list(indexes.values()), set(terms))
             return self._hit_spans(conn, indexes, terms, query_vectors, strategy.max_hits, only)
@@ -302,10 +302,10 @@ class Retriever:
             stale = store.stale_paragraph_ids(conn, collection, encoder.name)
         for start in range(0, len(stale), EMBED_BATCH):
             with self.engine.connect() as conn:
-                texts = store.texts_to_embed(conn, stale[start : start + EMBED_BATCH])
-            vectors = encoder.encode_passages(list(texts.values()))
+                batch = list(store.paragraphs_to_index(conn, stale[start : start + EMBED_BATCH]))
+            vectors = encoder.encode_passages([paragraph.indexed_text for paragraph in batch])
             with self.engine.begin() as conn:
-                store.set_embeddings(conn, list(texts), vectors, encoder.name)
+                store.set_embeddings(conn, [paragraph.id for paragraph in batch], vectors, encoder.name)
             if progress is not None:
                 progress(min(start + EMBED_BATCH, len(stale)), len(stale))
 
@@ -458,6 +458,5 @@ class _QueryView:
         similarities = []
         for row in rows:
             index = self.indexes[row.collection]
-            cosine = index.vectors[index.slot_of[row.id]] @ self.query_vectors[index.encoder.name]
-            similarities.append(float(index.encoder.similarity(cosine)))
+            similarities.append(index.similarity(row.id, self.query_vectors[index.encoder.name]))
         return similarities

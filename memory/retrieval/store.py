@@ -103,13 +103,6 @@ def set_embeddings(conn: Connection, ids: list[int], vectors: np.ndarray, encode
         conn.execute(update(paragraphs).where(paragraphs.c.id == paragraph_id).values(**values))
 
 
-def texts_to_embed(conn: Connection, ids: list[int]) -> dict[int, str]:
-    """indexed_text of each paragraph still there, by id."""
-    columns = (paragraphs.c.id, paragraphs.c.heading, paragraphs.c.text)
-    query = select(*columns).where(paragraphs.c.id.in_(ids)).order_by(paragraphs.c.id)
-    return {row.id: indexed_text(row.heading, row.text) for row in conn.execute(query)}
-
-
 def paragraph_ids_named(conn: Connection, collection: str, names: Iterable[str]) -> set[int]:
     """Ids of the paragraphs of the collection's documents with these names."""
     named = (documents.c.collection == collection) & documents.c.name.in_(sorted(set(names)))

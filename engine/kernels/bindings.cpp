@@ -3,8 +3,8 @@
 namespace py = pybind11;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_qk", &kvchat::paged_qk, "scaled q.k over the paged cache, -inf past each context");
-  m.def("paged_pv", &kvchat::paged_pv, "probabilities times values over the paged cache");
+  m.def("paged_decode_attention", &kvchat::paged_decode_attention,
+        "single-token queries' attention over the paged cache, and the probabilities summed over heads");
   m.def("paged_prefill_attention", &kvchat::paged_prefill_attention,
         "a prefill chunk's attention over the paged cache, and the attention its last rows gave each token");
   m.def("few_rows_linear", &kvchat::few_rows_linear, "x @ weight.T + bias for a few rows of x (int8 weights: with scale)",

@@ -75,11 +75,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
     write_kv(k, v, layer_cache, slot_blocks, slot_offsets, layer_scales);
     const torch::Tensor keys = layer_cache[0].view({blocks, kv_heads_, head_dim, block_size});
     const torch::Tensor values = layer_cache[1].view({blocks, kv_heads_, block_size, head_dim});
-    const torch::Tensor probs =
-        paged_qk(q, keys, block_tables, context_lens, max_context, scale, key_scales).softmax(-1);
-    if (sum_attention) received.add_(probs.sum(1));
-    const torch::Tensor attended =
-        paged_pv(probs, values, block_tables, context_lens, value_scales, x.scalar_type());
+    const auto [attended, probability_sums] = paged_decode_attention(
+        q, keys, values, block_tables, context_lens, scale, key_scales, value_scales, sum_attention);
+    if (sum_attention) received.add_(probability_sums);
     x = linear(attended.flatten(1), w.o, w.o_bias, w.o_scale);
     add_rms_norm(x, residual, w.post_norm, eps_);
     const auto gate_up = linear(x, w.gate_up, std::nullopt, w.gate_up_scale).chunk(2, -1);

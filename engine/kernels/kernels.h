@@ -9,13 +9,13 @@
 
 namespace kvchat {
 
-// Decode attention over the paged KV cache (paged_attention_cpu.cpp).  A cache is of the compute dtype, or
-// int8 with its scales (kv_types.h); paged_pv's output is of `dtype`, the compute dtype.
-torch::Tensor paged_qk(torch::Tensor q, torch::Tensor k_cache, torch::Tensor block_tables,
-                       torch::Tensor context_lens, int64_t max_context, double scale,
-                       std::optional<torch::Tensor> k_scales);
-torch::Tensor paged_pv(torch::Tensor probs, torch::Tensor v_cache, torch::Tensor block_tables,
-                       torch::Tensor context_lens, std::optional<torch::Tensor> v_scales, at::ScalarType dtype);
+// Decode attention over the paged KV cache (paged_attention_cpu.cpp): out of q's dtype and, if
+// `sum_attention`, the probabilities summed over heads, (seqs, max_blocks * 16) float32.  A cache is of the
+// compute dtype, or int8 with its scales (kv_types.h).
+std::tuple<torch::Tensor, torch::Tensor> paged_decode_attention(
+    torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
+    torch::Tensor context_lens, double scale, std::optional<torch::Tensor> k_scales,
+    std::optional<torch::Tensor> v_scales, bool sum_attention);
 
 // Prefill attention of one chunk over the paged KV cache, and the attention each token received from the
 // chunk's last `window` positions (prefill_attention_cpu.cpp).

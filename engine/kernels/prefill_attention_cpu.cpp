@@ -49,8 +49,6 @@ struct Problem {
 // part of each FMA, and the loads, not the FMAs, set the pace.
 inline void in_register(vfloat& v) { asm("" : "+x"(v)); }
 
-inline void store(float* target, vfloat v) { std::memcpy(target, &v, sizeof(v)); }
-
 // s[r][0:16] = q[r] . the block's 16 keys, for M rows.
 template <typename C, int M>
 void qk_block(const float* q, int64_t head_dim, const C* keys, float* s, int64_t stride) {
@@ -97,32 +95,6 @@ void pv_span(const float* p, int64_t stride, const C* const* blocks, int64_t hea
     store(out + r * head_dim, acc[r][0]);
     store(out + r * head_dim + kLanes, acc[r][1]);
   }
-}
-
-// exp(s - max) in place over s[0:length], and 0 in s[length:padded]; returns the sum, by which the
-// caller divides the few products that need normalised probabilities rather than every probability.
-float softmax_numerators(float* s, int64_t length, int64_t padded) {
-  const int64_t whole = length / kLanes * kLanes;
-  vfloat tail = splat(-INFINITY);  // past `length`: exp gives exactly 0
-  std::memcpy(&tail, s + whole, (length - whole) * sizeof(float));
-  vfloat top = tail;
-  for (int64_t j = 0; j < whole; j += kLanes) {
-    const vfloat v = load_lanes(s + j);
-    top = v > top ? v : top;
-  }
-  float maximum = -INFINITY;
-  for (int64_t i = 0; i < kLanes; ++i) maximum = std::max(maximum, top[i]);
-  vfloat sums = {};
-  for (int64_t j = 0; j < whole; j += kLanes) {
-    const vfloat e = exp_lanes(load_lanes(s + j) - maximum);
-    store(s + j, e);
-    sums += e;
-  }
-  tail = exp_lanes(tail - maximum);
-  sums += tail;
-  std::memcpy(s + whole, &tail, (length - whole) * sizeof(float));
-  std::fill(s + length, s + padded, 0.0f);
-  return horizontal_sum(sums);
 }
 
 // s[0:length] *= scales[0:length]

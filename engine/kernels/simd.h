@@ -84,6 +84,66 @@ inline void load_pair<c10::BFloat16>(const c10::BFloat16* source, vfloat& first,
   std::memcpy(&second, &odd, sizeof(second));
 }
 
+// A vector of floats into memory, any width.
+template <typename V>
+inline void store(float* target, V v) {
+  std::memcpy(target, &v, sizeof(v));
+}
+
+// The widest vector of floats the CPU computes in one instruction, for kernels written for any width
+// (decode attention): where AVX-512 is, half the instructions of kLanes for the same work.
+#ifdef __AVX512F__
+constexpr int64_t kWideLanes = 16;
+#else
+constexpr int64_t kWideLanes = kLanes;
+#endif
+
+typedef float vwide __attribute__((vector_size(kWideLanes * sizeof(float))));
+typedef uint16_t vwide_halfword __attribute__((vector_size(kWideLanes * sizeof(uint16_t))));
+typedef uint32_t vwide_word __attribute__((vector_size(kWideLanes * sizeof(uint32_t))));
+
+template <typename T>
+inline vwide load_wide(const T* source) {
+  float values[kWideLanes];
+  for (int64_t i = 0; i < kWideLanes; ++i) values[i] = static_cast<float>(source[i]);
+  vwide v;
+  std::memcpy(&v, values, sizeof(v));
+  return v;
+}
+
+template <>
+inline vwide load_wide<float>(const float* source) {
+  vwide v;
+  std::memcpy(&v, source, sizeof(v));
+  return v;
+}
+
+template <>
+inline vwide load_wide<c10::BFloat16>(const c10::BFloat16* source) {
+  vwide_halfword bits;
+  std::memcpy(&bits, source, sizeof(bits));
+  const vwide_word widened = __builtin_convertvector(bits, vwide_word) << 16;
+  vwide v;
+  std::memcpy(&v, &widened, sizeof(v));
+  return v;
+}
+
+template <>
+inline vwide load_wide<int8_t>(const int8_t* source) {
+#ifdef __AVX512F__
+  const __m512 widened =
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(source))));
+  vwide v;
+  std::memcpy(&v, &widened, sizeof(v));
+  return v;
+#else
+  const vfloat narrow = load_lanes(source);
+  vwide v;
+  std::memcpy(&v, &narrow, sizeof(v));
+  return v;
+#endif
+}
+
 typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
 
 inline vfloat splat(float x) { return vfloat{} + x; }
@@ -126,6 +186,32 @@ inline float horizontal_sum(vfloat v) {
   float sum = 0;
   for (int64_t i = 0; i < kLanes; ++i) sum += values[i];
   return sum;
+}
+
+// exp(s - max) in place over s[0:length], and 0 in s[length:padded]; returns the sum, by which the
+// caller divides the few products that need normalised probabilities rather than every probability.
+inline float softmax_numerators(float* s, int64_t length, int64_t padded) {
+  const int64_t whole = length / kLanes * kLanes;
+  vfloat tail = splat(-INFINITY);  // past `length`: exp gives exactly 0
+  std::memcpy(&tail, s + whole, (length - whole) * sizeof(float));
+  vfloat top = tail;
+  for (int64_t j = 0; j < whole; j += kLanes) {
+    const vfloat v = load_lanes(s + j);
+    top = v > top ? v : top;
+  }
+  float maximum = -INFINITY;
+  for (int64_t i = 0; i < kLanes; ++i) maximum = std::max(maximum, top[i]);
+  vfloat sums = {};
+  for (int64_t j = 0; j < whole; j += kLanes) {
+    const vfloat e = exp_lanes(load_lanes(s + j) - maximum);
+    store(s + j, e);
+    sums += e;
+  }
+  tail = exp_lanes(tail - maximum);
+  sums += tail;
+  std::memcpy(s + whole, &tail, (length - whole) * sizeof(float));
+  std::fill(s + length, s + padded, 0.0f);
+  return horizontal_sum(sums);
 }
 
 }  // namespace kvchat

@@ -122,15 +122,20 @@ def paged_attention(q, k, v, cache: LayerCache, meta: AttentionMetadata, kernels
 
 
 def kernel_decode_attention(q, cache: LayerCache, meta: AttentionMetadata, kernels) -> torch.Tensor:
-    tables, lens = meta.decode_block_tables, meta.decode_context_lens
-    keys = cache.keys
-    max_context = tables.shape[1] * keys.shape[-1]
-    scale = q.shape[-1] ** -0.5
-    scores = kernels.paged_qk(q, keys, tables, lens, max_context, scale, cache.scales_of(0))
-    probs = scores.softmax(dim=-1)
+    out, received = kernels.paged_decode_attention(
+        q,
+        cache.keys,
+        cache.values,
+        meta.decode_block_tables,
+        meta.decode_context_lens,
+        q.shape[-1] ** -0.5,
+        cache.scales_of(0),
+        cache.scales_of(1),
+        meta.importance is not None,
+    )
     if meta.importance is not None:
-        meta.importance.add_decode(probs.sum(dim=1))
-    return kernels.paged_pv(probs, cache.values, tables, lens, cache.scales_of(1), q.dtype)
+        meta.importance.add_decode(received)
+    return out
 
 
 def torch_decode_attention(q, cache: LayerCache, meta: AttentionMetadata, kernels=None) -> torch.Tensor:

@@ -65,17 +65,21 @@ def random_case(seqs, heads, kv_heads, head_dim, max_len, dtype, kv_cache_dtype=
 
 
 def plain_attention(q, cache: LayerCache, meta):
-    """Attention for each sequence alone, reading its tokens one by one from the blocks."""
+    """Attention for each sequence alone, reading its tokens one by one from the blocks; also each
+    sequence's probabilities summed over heads, (seqs, max_context), 0 past its context."""
     keys, values = float_keys_values(cache)
-    outputs = []
+    tables = meta.decode_block_tables
+    outputs, received = [], torch.zeros(len(tables), tables.shape[1] * BLOCK)
     for row, length in enumerate(meta.decode_context_lens.tolist()):
-        slots = [(meta.decode_block_tables[row, t // BLOCK], t % BLOCK) for t in range(length)]
+        slots = [(tables[row, t // BLOCK], t % BLOCK) for t in range(length)]
         k = torch.stack([keys[b, :, :, o] for b, o in slots], dim=1)  # (kv_heads, tokens, head_dim)
         v = torch.stack([values[b, :, o, :] for b, o in slots], dim=1)
-        query = q[row].unsqueeze(1).float()  # (heads, 1, head_dim)
-        out = F.scaled_dot_product_attention(query[None], k[None], v[None], enable_gqa=True)
-        outputs.append(out[0, :, 0])
-    return torch.stack(outputs)
+        group = q.shape[1] // k.shape[0]
+        k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+        probs = ((q[row].float()[:, None, :] @ k.transpose(1, 2)) * q.shape[-1] ** -0.5).softmax(-1)
+        outputs.append((probs @ v)[:, 0])
+        received[row, :length] = probs.sum(dim=(0, 1))
+    return torch.stack(outputs), received
 
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 2, 32), (8, 1, 128), (4, 4, 64)])
@@ -85,13 +89,18 @@ def test_decode_paths_match_plain_attention(heads, kv_heads, head_dim, dtype, kv
     kernels = cpu_kernels()
     assert kernels is not None, "the C++ kernels did not build"
     q, cache, meta = random_case(5, heads, kv_heads, head_dim, 70, dtype, kv_cache_dtype)
-    expected = plain_attention(q, cache, meta)
+    expected, expected_received = plain_attention(q, cache, meta)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    via_kernel = kernel_decode_attention(q, cache, meta, kernels)
-    via_torch = torch_decode_attention(q, cache, meta)
-    for got in via_kernel, via_torch:
+    for attend in kernel_decode_attention, torch_decode_attention:
+        store = torch.zeros(cache.tensor.shape[1] * BLOCK)
+        meta.importance = ImportanceTracker(store, BLOCK)
+        meta.importance.start_step(torch.empty(0, dtype=torch.long), meta)
+        got = attend(q, cache, meta, kernels)
         assert got.dtype == dtype
         torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+        slots = meta.importance.decode_slots
+        expected_store = torch.zeros_like(store).index_add_(0, slots.flatten(), expected_received.flatten())
+        torch.testing.assert_close(store, expected_store, atol=1e-5, rtol=tolerance)
 
 
 def plain_prefill(q, cache: LayerCache, block_ids, cached):

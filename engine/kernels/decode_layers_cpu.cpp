@@ -48,6 +48,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
   const double scale = std::pow(static_cast<double>(head_dim), -0.5);  // as Python's head_dim ** -0.5
   const auto linear = [&](const torch::Tensor& input, const torch::Tensor& weight,
                           const std::optional<torch::Tensor>& bias, const std::optional<torch::Tensor>& scale) {
+    if (weight.dim() == 4) return packed_linear(input, weight, bias);  // packed for bf16 units (kernels.h)
     if (rows <= max_kernel_rows_) return few_rows_linear(input, weight, bias, scale);
     return scale.has_value() ? int8_linear(input, weight, *scale, bias) : at::linear(input, weight, bias);
   };

@@ -28,6 +28,12 @@ std::tuple<torch::Tensor, torch::Tensor> paged_prefill_attention(
 torch::Tensor few_rows_linear(torch::Tensor x, torch::Tensor weight, std::optional<torch::Tensor> bias,
                               std::optional<torch::Tensor> scale);
 
+// x @ weight.T + bias in bf16 on AVX-512 BF16 units, the weight packed once by pack_bf16_weight
+// (packed_linear_cpu.cpp); available only where the kernels were compiled for such a CPU.
+bool packed_linear_available();
+torch::Tensor pack_bf16_weight(torch::Tensor weight);
+torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, std::optional<torch::Tensor> bias);
+
 // Per-layer operations of a decode step (layer_ops_cpu.cpp); rotary and the residual update work in place.
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 void add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
@@ -36,8 +42,9 @@ void rotary(torch::Tensor q, torch::Tensor k, torch::Tensor positions, torch::Te
 void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor layer_cache, torch::Tensor slot_blocks,
               torch::Tensor slot_offsets, std::optional<torch::Tensor> layer_scales);
 
-// One decoder layer's weights, as models/decoder.py holds them (qkv and gate_up fused).  With int8
-// weights, each linear layer's scale per output channel.
+// One decoder layer's weights, as models/decoder.py holds them (qkv and gate_up fused): bf16 ones packed
+// for packed_linear where the CPU runs it (4-d); with int8 weights, each linear layer's scale per output
+// channel.
 struct LayerWeights {
   torch::Tensor input_norm, qkv, o, post_norm, gate_up, down;
   std::optional<torch::Tensor> qkv_bias, o_bias, q_norm, k_norm;  // Qwen2's biases, Qwen3's per-head norms
@@ -47,7 +54,8 @@ struct LayerWeights {
 // A decode step's pass through every decoder layer (decode_layers_cpu.cpp).
 class DecodeLayers {
  public:
-  // Linear layers of steps with up to `max_kernel_rows` rows use few_rows_linear, larger ones torch's product.
+  // Packed (4-d) weights go to packed_linear; others, for steps of up to `max_kernel_rows` rows, to
+  // few_rows_linear, and to torch's product for more.
   DecodeLayers(std::vector<LayerWeights> layers, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
                torch::Tensor cos, torch::Tensor sin, int64_t max_kernel_rows);
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.attention import AttentionMetadata, LayerCache, paged_attention
-from engine.layers.linear import Linear, max_kernel_rows
+from engine.layers.linear import Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 
@@ -125,11 +125,10 @@ class CausalLM(nn.Module):
                 module.quantize_int8_()
 
     def weight_bytes(self) -> int:
-        """Bytes of every parameter (a tied lm_head counted once) and int8 scale."""
-        scales = [
-            m.weight_scale for m in self.modules() if isinstance(m, Linear) and m.weight_scale is not None
-        ]
-        return sum(t.nbytes for t in [*self.parameters(), *scales])
+        """Bytes of every parameter (a tied lm_head counted once), int8 scale and packed copy."""
+        linears = [m for m in self.modules() if isinstance(m, Linear)]
+        extras = [t for m in linears for t in (m.weight_scale, m.packed) if t is not None]
+        return sum(t.nbytes for t in [*self.parameters(), *extras])
 
     def forward(self, input_ids, positions, kv_cache, kv_scales, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states (tokens, hidden) after the final norm.  kv_cache: (layers, 2, blocks, kv_heads,
@@ -166,12 +165,11 @@ class CausalLM(nn.Module):
     def use_kernels(self, kernels, attention: bool) -> None:
         """Our C++ CPU kernels for linear layers, norms and rotary and, if `attention`, for attention and
         for decode steps' whole pass through the layers."""
-        dtype = self.embed_tokens.weight.dtype
         for module in self.modules():
-            if isinstance(module, Linear | RMSNorm | RotaryEmbedding):
-                module.kernels = kernels
             if isinstance(module, Linear):
-                module.max_kernel_rows = max_kernel_rows(dtype, module.weight_scale is not None)
+                module.use_kernels(kernels)
+            elif isinstance(module, RMSNorm | RotaryEmbedding):
+                module.kernels = kernels
             elif isinstance(module, Attention):
                 module.kernels = kernels if attention else None
         self.decode_layers = self.kernel_decode_layers(kernels) if kernels is not None and attention else None
@@ -183,11 +181,11 @@ class CausalLM(nn.Module):
             attention, mlp = layer.self_attn, layer.mlp
             return kernels.LayerWeights(
                 input_norm=layer.input_layernorm.weight,
-                qkv=attention.qkv_proj.weight,
-                o=attention.o_proj.weight,
+                qkv=attention.qkv_proj.kernel_weight,
+                o=attention.o_proj.kernel_weight,
                 post_norm=layer.post_attention_layernorm.weight,
-                gate_up=mlp.gate_up_proj.weight,
-                down=mlp.down_proj.weight,
+                gate_up=mlp.gate_up_proj.kernel_weight,
+                down=mlp.down_proj.kernel_weight,
                 qkv_bias=attention.qkv_proj.bias,
                 o_bias=attention.o_proj.bias,
                 q_norm=attention.q_norm.weight if shape.qk_norm else None,

@@ -19,7 +19,7 @@ from engine.layers.attention import (
     torch_prefill_attention,
 )
 from engine.layers.importance import WINDOW, ImportanceTracker
-from engine.layers.linear import Linear, max_kernel_rows
+from engine.layers.linear import Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.llm_engine import LLMEngine
@@ -231,16 +231,47 @@ def test_cache_write_kernel_matches_the_torch_path(dtype):
         assert scales is None or torch.equal(got.scales, expected.scales)
 
 
-def test_a_bf16_prefill_product_is_a_float32_product_rounded_once():
-    """Past the kernel's rows, bf16 goes to torch: widened to float32 where the CPU has no bf16 units."""
+@pytest.mark.parametrize("rows", [1, 100])
+def test_a_bf16_product_is_a_float32_product_rounded_once(rows):
+    """Packed for the CPU's bf16 units where it has them; elsewhere past the few-row kernel's rows, torch,
+    widened to float32 where the CPU has no bf16 units."""
     generator = torch.Generator().manual_seed(2)
     layer = Linear(576, 960, bias=True).to(torch.bfloat16)
-    layer.kernels, layer.max_kernel_rows = cpu_kernels(), max_kernel_rows(torch.bfloat16)
-    x = torch.randn(100, 576, generator=generator).to(torch.bfloat16)
+    layer.use_kernels(cpu_kernels())
+    x = torch.randn(rows, 576, generator=generator).to(torch.bfloat16)
     got = layer(x)
     expected = F.linear(x.float(), layer.weight.float(), layer.bias.float())
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), expected, atol=2e-2 * 576**0.5, rtol=2e-2)
+
+
+PACKED = cpu_kernels() is not None and cpu_kernels().packed_linear_available()
+
+
+@pytest.mark.skipif(not PACKED, reason="packed_linear needs a CPU with AVX-512 BF16 units")
+@pytest.mark.parametrize("rows", [1, 3, 4, 8, 9, 33, 130])
+@pytest.mark.parametrize("in_features, out_features", [(576, 832), (1536, 576), (64, 32)])
+def test_packed_linear_matches_a_float32_product(rows, in_features, out_features):
+    kernels = cpu_kernels()
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, in_features, generator=generator).to(torch.bfloat16)
+    weight = torch.randn(out_features, in_features, generator=generator).to(torch.bfloat16)
+    bias = torch.randn(out_features, generator=generator).to(torch.bfloat16)
+    packed = kernels.pack_bf16_weight(weight)
+    expected = F.linear(x.float(), weight.float())
+    for got, want in [
+        (kernels.packed_linear(x, packed, bias), expected + bias.float()),
+        (kernels.packed_linear(x, packed), expected),
+    ]:
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, out_features)
+        # float32 sums rounded once to bf16: within bf16's half-ulp of each result
+        torch.testing.assert_close(got.float(), want.to(torch.bfloat16).float(), atol=1e-3, rtol=8e-3)
+
+
+def test_packing_refuses_shapes_it_cannot_hold():
+    kernels = cpu_kernels()
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        kernels.pack_bf16_weight(torch.zeros(48, 64, dtype=torch.bfloat16))
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +291,17 @@ def one_call_model_dirs(smollm2_dir, tiny_model_dirs, tmp_path_factory):
 @pytest.mark.parametrize("variant", NUMERIC_VARIANTS.values(), ids=NUMERIC_VARIANTS.keys())
 @pytest.mark.parametrize("name", ["smollm2", "qwen2", "qwen3"])
 def test_a_decode_step_in_one_call_computes_what_the_layers_compute(name, variant, one_call_model_dirs):
-    config = EngineConfig(model=one_call_model_dirs[name], dtype="float32", num_kv_blocks=64, **variant)
+    check_one_call_against_layers(one_call_model_dirs[name], "float32", variant)
+
+
+@pytest.mark.skipif(not PACKED, reason="packed_linear needs a CPU with AVX-512 BF16 units")
+def test_a_bf16_decode_step_in_one_call_computes_what_the_layers_compute(one_call_model_dirs):
+    """Both paths take the packed weights."""
+    check_one_call_against_layers(one_call_model_dirs["smollm2"], "bfloat16", {})
+
+
+def check_one_call_against_layers(model_dir, dtype: str, variant: dict) -> None:
+    config = EngineConfig(model=model_dir, dtype=dtype, num_kv_blocks=64, **variant)
     engine = LLMEngine(config)
     runner, model = engine.runner, engine.runner.model
     assert model.decode_layers is not None

@@ -1,0 +1,110 @@
+// x @ weight.T + bias in bf16 for the dozens of rows of a batched decode step, on AVX-512 BF16 units.
+//
+// Between a few rows (few_rows_linear, bound by reading the weights) and a prefill chunk's hundreds
+// (torch's product, near the units' peak), torch's product fell to a third of the units' peak with the
+// weights streaming from memory: SmolLM2's 30 layers at 32 rows took 17.6 ms where reading the weights
+// takes 5 and their arithmetic 8.  Here the weights are packed once, at load, so that one 64-byte vector
+// holds 16 output columns times 2 consecutive inputs, the operand of the CPU's bf16 pair dot product
+// (vdpbf16ps): a pair of x's values is broadcast against it and 16 columns advance two inputs in one
+// instruction.  A work item is 32 output columns, whose packed weights are contiguous (the hardware
+// prefetcher streams them) and stay in L1 while every group of 8 rows passes over them.
+//
+// packed (out / 16, in / 2, 16, 2) bf16, from pack_bf16_weight; x (rows, in) bf16; bias (out,) or none.
+// The products accumulate in float32 and are rounded to bf16 once, as torch's are.
+#include <ATen/Parallel.h>
+
+#include "kernels.h"
+#include "simd.h"
+
+namespace kvchat {
+namespace {
+
+constexpr int64_t kPanel = 16;  // output columns per packed panel: one vector of float32 sums
+constexpr int kPanels = 2;      // panels per work item
+constexpr int kRowTile = 8;     // rows of x per register tile: 8 x 2 accumulators
+
+}  // namespace
+
+#ifdef __AVX512BF16__
+namespace {
+
+// out[r][column:column + 16 * kPanels] for M rows from `row`, over the item's packed panels.
+template <int M>
+void tile(const c10::BFloat16* x, const c10::BFloat16* panels, const float* bias, c10::BFloat16* out,
+          int64_t in, int64_t out_features, int64_t column) {
+  const int64_t pairs = in / 2, panel_stride = pairs * 2 * kPanel;
+  __m512 acc[M][kPanels];
+  for (int r = 0; r < M; ++r)
+    for (int p = 0; p < kPanels; ++p) acc[r][p] = _mm512_setzero_ps();
+  const int32_t* x_pairs = reinterpret_cast<const int32_t*>(x);
+  for (int64_t k = 0; k < pairs; ++k) {
+    __m512bh w[kPanels];
+    for (int p = 0; p < kPanels; ++p)
+      w[p] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(panels + p * panel_stride + k * 2 * kPanel));
+    for (int r = 0; r < M; ++r) {
+      const __m512bh pair = reinterpret_cast<__m512bh>(_mm512_set1_epi32(x_pairs[r * pairs + k]));
+      for (int p = 0; p < kPanels; ++p) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], pair, w[p]);
+    }
+  }
+  for (int p = 0; p < kPanels; ++p) {
+    const __m512 b = bias != nullptr ? _mm512_loadu_ps(bias + column + p * kPanel) : _mm512_setzero_ps();
+    for (int r = 0; r < M; ++r) {
+      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_add_ps(acc[r][p], b));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * out_features + column + p * kPanel),
+                          reinterpret_cast<__m256i>(rounded));
+    }
+  }
+}
+
+}  // namespace
+#endif
+
+bool packed_linear_available() {
+#ifdef __AVX512BF16__
+  return true;
+#else
+  return false;
+#endif
+}
+
+torch::Tensor pack_bf16_weight(torch::Tensor weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16, "weight: (out, in) bf16");
+  const int64_t out = weight.size(0), in = weight.size(1);
+  TORCH_CHECK(out % (kPanels * kPanel) == 0 && in % 2 == 0, "packing needs out a multiple of 32 and in even");
+  // (out, in) -> (out / 16, 16, in / 2, 2) -> (out / 16, in / 2, 16, 2)
+  return weight.reshape({out / kPanel, kPanel, in / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+}
+
+torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, std::optional<torch::Tensor> bias) {
+#ifdef __AVX512BF16__
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16, "x: (rows, in) bf16");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(1) * 2 == x.size(1) && packed.is_contiguous(),
+              "packed: (out / 16, in / 2, 16, 2) from pack_bf16_weight");
+  x = x.contiguous();
+  const int64_t rows = x.size(0), in = x.size(1), out_features = packed.size(0) * kPanel;
+  const std::optional<torch::Tensor> bias_float =
+      bias.has_value() ? std::optional(bias->to(torch::kFloat).contiguous()) : std::nullopt;
+  const float* bias_data = bias_float.has_value() ? bias_float->data_ptr<float>() : nullptr;
+  auto out = torch::empty({rows, out_features}, x.options());
+  const auto* x_data = x.data_ptr<c10::BFloat16>();
+  const auto* weights = packed.data_ptr<c10::BFloat16>();
+  auto* out_data = out.data_ptr<c10::BFloat16>();
+  at::parallel_for(0, out_features / (kPanels * kPanel), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t column = item * kPanels * kPanel;
+      const c10::BFloat16* panels = weights + column * in;  // 16 columns' panel holds 16 * in values
+      for (int64_t r = 0; r < rows; r += kRowTile) {
+        with_constant<kRowTile>(rows - r, [&](auto m) {
+          tile<decltype(m)::value>(x_data + r * in, panels, bias_data, out_data + r * out_features, in,
+                                   out_features, column);
+        });
+      }
+    }
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "packed_linear needs a CPU with AVX-512 BF16");
+#endif
+}
+
+}  // namespace kvchat

@@ -19,10 +19,11 @@ import numpy as np
 SPECULATIVE_METHODS = ("ngram",)
 MAX_SPECULATIVE_TOKENS = 16  # the most a step checks per sequence
 POOR_ACCEPTANCE = 0.3  # a draft whose accepted share is below this counts as poor
-# Drafts fill a step up to this many rows.  Up to about here a CPU decode step is bound by reading the
-# weights and costs about the same (2-core AVX-512 machine, SmolLM2 in bf16: 25 ms at 4 to 16 rows, 32 ms
-# at 32); beyond, each row costs about as much as decoding a token (~1 ms), so a draft token, which is
-# accepted with some chance below one, would cost more than it saves.
+# Drafts fill a step up to this many rows.  A CPU decode step with few rows is bound by reading the
+# weights (2-core AVX-512 BF16 machine, SmolLM2 in bf16 on the packed products: 6.5 ms at 1 row, 9 at 4,
+# 13 at 8, 16 at 16, 32 at 32); past ~16 rows each row costs about as much as decoding a token (~1 ms),
+# so a draft token, accepted with some chance below one, saves less there than it costs.  32 was chosen
+# when 4 to 16 rows all cost ~25 ms; 16 may now be the better limit (not yet measured).
 MAX_STEP_ROWS = 32
 MAX_PAUSE = 16  # steps
 

@@ -7,7 +7,9 @@
 // so each key and value block read serves all of them.  The tile's scores over its whole context go to
 // a per-thread buffer (an exact two-pass softmax, no rescaling) and multiply the values; each output row
 // is divided by its softmax sum at the end.  Rows go kRows at a time against 2 * kLanes keys (q.k) or
-// value elements (p.v): 12 accumulators, what AVX2's 16 registers hold beside the operands.
+// value elements (p.v): 12 accumulators, what AVX2's 16 registers hold beside the operands.  Where the
+// CPU has AVX-512 BF16, bf16 queries over a bf16 cache take its pair dot products instead
+// (prefill_tiles_bf16.h), 12 rows at a time: a prefill step's attention took a third of the step.
 //
 // The probabilities exist here anyway, so the kernel also sums those of the chunk's last `window`
 // positions over rows and heads: the attention each token received, which session eviction keeps tokens
@@ -28,6 +30,7 @@
 
 #include "kernels.h"
 #include "kv_types.h"
+#include "prefill_tiles_bf16.h"
 #include "simd.h"
 
 namespace kvchat {
@@ -35,6 +38,7 @@ namespace {
 
 constexpr int64_t kBlock = 16;  // tokens per cache block
 constexpr int kRows = 6;        // rows per register tile
+constexpr int kRowsBf16 = 12;   // for the bf16 products, whose 32 registers hold twice as many
 constexpr int64_t kTileRows = 24;  // rows per work item: the key and value blocks stay in L1 across them
 constexpr int64_t kSpanBlocks = 8;  // value blocks one pass of p.v keeps its accumulators in registers over
 
@@ -104,11 +108,101 @@ void scale_row(float* s, const float* scales, int64_t length) {
   for (; j < length; ++j) s[j] *= scales[j];
 }
 
+// s[0:length] *= factor
+void scale_row(float* s, float factor, int64_t length) {
+  int64_t j = 0;
+  for (; j + kLanes <= length; j += kLanes) store(s + j, load_lanes(s + j) * factor);
+  for (; j < length; ++j) s[j] *= factor;
+}
+
 // One KV head's scales of the context's blocks, in token order, into `gathered` (padded floats).
 void gather_scales(const float* scales, const int64_t* table, int64_t kv_heads, int64_t kv_head, int64_t padded,
                    float* gathered) {
   for (int64_t b = 0; b < padded / kBlock; ++b)
     std::copy_n(scales + (table[b] * kv_heads + kv_head) * kBlock, kBlock, gathered + b * kBlock);
+}
+
+// A tile's working memory in a per-thread buffer: its rows' queries, output sums, scores (then
+// probabilities), softmax sums, an int8 cache's scales in token order and, for the bf16 products, the
+// probabilities rounded to bf16.
+struct TileBuffers {
+  float *queries, *outputs, *scores, *sums, *key_scales, *value_scales;
+  c10::BFloat16* probabilities;
+
+  TileBuffers(std::vector<float>& buffer, int64_t rows, int64_t head_dim, int64_t padded) {
+    buffer.resize(rows * (2 * head_dim + padded + padded / 2 + 1) + 2 * padded);
+    queries = buffer.data(), outputs = queries + rows * head_dim, scores = outputs + rows * head_dim;
+    sums = scores + rows * padded, key_scales = sums + rows, value_scales = key_scales + padded;
+    probabilities = reinterpret_cast<c10::BFloat16*>(value_scales + padded);
+  }
+};
+
+// The rows' queries: for the bf16 products as they are (the scores are scaled after), else as float32
+// times the scale.
+template <typename T, typename C>
+void gather_queries(const Problem& p, const T* q, int64_t kv_head, int64_t first, int64_t rows, float* queries) {
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t hd = p.head_dim;
+    const T* source = q + (first + row / p.group) * p.q_stride + (kv_head * p.group + row % p.group) * hd;
+    if constexpr (kDotBf16<T, C>)
+      std::copy_n(source, hd, reinterpret_cast<T*>(queries) + row * hd);
+    else
+      for (int64_t d = 0; d < hd; ++d) queries[row * hd + d] = static_cast<float>(source[d]) * p.scale;
+  }
+}
+
+// scores[row][0:length of the last row of its register tile] = q.k over the context's blocks.
+template <typename T, typename C, typename Length>
+void tile_scores(const Problem& p, const C* k_cache, const int64_t* table, int64_t kv_head, int64_t rows,
+                 int64_t context, int64_t padded, const float* queries, float* scores, Length length_of) {
+  constexpr int R = kDotBf16<T, C> ? kRowsBf16 : kRows;
+  const int64_t hd = p.head_dim;
+  for (int64_t start = 0, b = 0; start < context; start += kBlock, ++b) {
+    const C* keys = k_cache + (table[b] * p.kv_heads + kv_head) * hd * kBlock;
+    for (int64_t r0 = 0; r0 < rows; r0 += R) {
+      with_constant<R>(rows - r0, [&](auto m) {
+        constexpr int M = decltype(m)::value;
+        if (start >= length_of(r0 + M - 1)) return;
+#ifdef __AVX512BF16__
+        if constexpr (kDotBf16<T, C>) {
+          const T* q_rows = reinterpret_cast<const T*>(queries) + r0 * hd;
+          return qk_block_bf16<M>(q_rows, hd, keys, scores + r0 * padded + start, padded);
+        }
+#endif
+        qk_block<C, M>(queries + r0 * hd, hd, keys, scores + r0 * padded + start, padded);
+      });
+    }
+  }
+}
+
+// outputs[row] = the sum over the row's context of its probabilities times the values.
+template <typename T, typename C, typename Length>
+void tile_values(const Problem& p, const C* v_cache, const int64_t* table, int64_t kv_head, int64_t rows,
+                 int64_t context, int64_t padded, const TileBuffers& tile, Length length_of) {
+  constexpr int R = kDotBf16<T, C> ? kRowsBf16 : kRows;
+  constexpr int64_t kWidth = kDotBf16<T, C> ? 32 : 2 * kLanes;  // output elements per pass
+  const int64_t hd = p.head_dim;
+  std::fill(tile.outputs, tile.outputs + rows * hd, 0.0f);
+  const C* blocks[kSpanBlocks];
+  for (int64_t start = 0; start < context; start += kSpanBlocks * kBlock) {
+    for (int64_t d0 = 0; d0 < hd; d0 += kWidth) {
+      for (int64_t i = 0, b = start / kBlock; i < kSpanBlocks && b < padded / kBlock; ++i, ++b)
+        blocks[i] = v_cache + (table[b] * p.kv_heads + kv_head) * kBlock * hd + d0;
+      for (int64_t r0 = 0; r0 < rows; r0 += R) {
+        with_constant<R>(rows - r0, [&](auto m) {
+          constexpr int M = decltype(m)::value;
+          const int64_t tokens = std::min(kSpanBlocks * kBlock, length_of(r0 + M - 1) - start);
+          if (tokens <= 0) return;
+          float* out = tile.outputs + r0 * hd + d0;
+#ifdef __AVX512BF16__
+          if constexpr (kDotBf16<T, C>)
+            return pv_span_bf16<M>(tile.probabilities + r0 * padded + start, padded, blocks, hd, tokens, out);
+#endif
+          pv_span<C, M>(tile.scores + r0 * padded + start, padded, blocks, hd, tokens, out);
+        });
+      }
+    }
+  }
 }
 
 // One KV head over chunk positions [first, last): rows are (position, query head of the group) pairs.
@@ -118,56 +212,31 @@ void attend_tile(const Problem& p, const T* q, const C* k_cache, const C* v_cach
                  float* received) {
   const int64_t rows = (last - first) * p.group, hd = p.head_dim;
   const int64_t context = p.cached + last, padded = (context + kBlock - 1) / kBlock * kBlock;
-  buffer.resize(rows * (2 * hd + padded + 1) + 2 * padded);
-  float *queries = buffer.data(), *outputs = queries + rows * hd, *scores = outputs + rows * hd;
-  float *sums = scores + rows * padded, *key_scales = sums + rows, *value_scales = key_scales + padded;
+  const TileBuffers tile(buffer, rows, hd, padded);
   const bool int8 = p.k_scales != nullptr;
   if (int8) {
-    gather_scales(p.k_scales, table, p.kv_heads, kv_head, padded, key_scales);
-    gather_scales(p.v_scales, table, p.kv_heads, kv_head, padded, value_scales);
+    gather_scales(p.k_scales, table, p.kv_heads, kv_head, padded, tile.key_scales);
+    gather_scales(p.v_scales, table, p.kv_heads, kv_head, padded, tile.value_scales);
   }
   auto length_of = [&](int64_t row) { return p.cached + first + row / p.group + 1; };
+  gather_queries<T, C>(p, q, kv_head, first, rows, tile.queries);
+  tile_scores<T, C>(p, k_cache, table, kv_head, rows, context, padded, tile.queries, tile.scores, length_of);
   for (int64_t row = 0; row < rows; ++row) {
-    const T* source = q + (first + row / p.group) * p.q_stride + (kv_head * p.group + row % p.group) * hd;
-    for (int64_t d = 0; d < hd; ++d) queries[row * hd + d] = static_cast<float>(source[d]) * p.scale;
-  }
-  for (int64_t start = 0, b = 0; start < context; start += kBlock, ++b) {
-    const C* keys = k_cache + (table[b] * p.kv_heads + kv_head) * hd * kBlock;
-    for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
-      with_constant<kRows>(rows - r0, [&](auto m) {
-        constexpr int M = decltype(m)::value;
-        if (start < length_of(r0 + M - 1))
-          qk_block<C, M>(queries + r0 * hd, hd, keys, scores + r0 * padded + start, padded);
-      });
-    }
-  }
-  for (int64_t row = 0; row < rows; ++row) {
-    float* s = scores + row * padded;
-    if (int8) scale_row(s, key_scales, length_of(row));
-    sums[row] = softmax_numerators(s, length_of(row), padded);
+    float* s = tile.scores + row * padded;
+    if (int8) scale_row(s, tile.key_scales, length_of(row));
+    if constexpr (kDotBf16<T, C>) scale_row(s, p.scale, length_of(row));
+    tile.sums[row] = softmax_numerators(s, length_of(row), padded);
     if (received != nullptr && first + row / p.group >= p.chunk - p.window)
-      for (int64_t j = 0; j < length_of(row); ++j) received[j] += s[j] / sums[row];
-    if (int8) scale_row(s, value_scales, length_of(row));
+      for (int64_t j = 0; j < length_of(row); ++j) received[j] += s[j] / tile.sums[row];
+    if (int8) scale_row(s, tile.value_scales, length_of(row));
+#ifdef __AVX512BF16__
+    if constexpr (kDotBf16<T, C>) round_to_bf16(s, padded, tile.probabilities + row * padded);
+#endif
   }
-  std::fill(outputs, outputs + rows * hd, 0.0f);
-  const C* blocks[kSpanBlocks];
-  for (int64_t start = 0; start < context; start += kSpanBlocks * kBlock) {
-    for (int64_t d0 = 0; d0 < hd; d0 += 2 * kLanes) {
-      for (int64_t i = 0, b = start / kBlock; i < kSpanBlocks && b < padded / kBlock; ++i, ++b)
-        blocks[i] = v_cache + (table[b] * p.kv_heads + kv_head) * kBlock * hd + d0;
-      for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
-        with_constant<kRows>(rows - r0, [&](auto m) {
-          constexpr int M = decltype(m)::value;
-          const int64_t tokens = std::min(kSpanBlocks * kBlock, length_of(r0 + M - 1) - start);
-          if (tokens > 0)
-            pv_span<C, M>(scores + r0 * padded + start, padded, blocks, hd, tokens, outputs + r0 * hd + d0);
-        });
-      }
-    }
-  }
+  tile_values<T, C>(p, v_cache, table, kv_head, rows, context, padded, tile, length_of);
   for (int64_t row = 0; row < rows; ++row) {
     T* target = out + ((first + row / p.group) * p.heads + kv_head * p.group + row % p.group) * hd;
-    for (int64_t d = 0; d < hd; ++d) target[d] = static_cast<T>(outputs[row * hd + d] / sums[row]);
+    for (int64_t d = 0; d < hd; ++d) target[d] = static_cast<T>(tile.outputs[row * hd + d] / tile.sums[row]);
   }
 }
 
@@ -205,7 +274,7 @@ std::tuple<torch::Tensor, torch::Tensor> paged_prefill_attention(
                 "caches must be contiguous 4-d tensors of one dtype");
   TORCH_CHECK(k_cache.size(3) == kBlock && v_cache.size(2) == kBlock, "the kernel needs blocks of 16 tokens");
   const int64_t chunk = q.size(0), heads = q.size(1), head_dim = q.size(2), kv_heads = k_cache.size(1);
-  TORCH_CHECK(head_dim == k_cache.size(2) && head_dim % (2 * kLanes) == 0, "head_dim must be a multiple of 16");
+  TORCH_CHECK(head_dim == k_cache.size(2) && head_dim % 32 == 0, "head_dim must be a multiple of 32");
   TORCH_CHECK(heads % kv_heads == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(block_table.dim() == 1 && block_table.scalar_type() == torch::kLong && block_table.is_contiguous(),
               "block_table: 1-d int64");

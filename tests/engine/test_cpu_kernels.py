@@ -123,6 +123,15 @@ def plain_prefill(q, cache: LayerCache, block_ids, cached):
     return torch.stack(outputs), received
 
 
+def poison_past_context(cache: LayerCache, block_ids, context):
+    """NaN in the last block's slots past the context (a float cache's): a pool's free slots hold anything,
+    and a kernel that reads them must give them no weight without multiplying them by 0."""
+    if cache.scales is None and context % BLOCK:
+        last = block_ids[-1]
+        cache.keys[last, :, :, context % BLOCK :] = float("nan")
+        cache.values[last, :, context % BLOCK :, :] = float("nan")
+
+
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 2, 32), (8, 1, 128), (4, 4, 64)])
 @pytest.mark.parametrize("chunk, cached", [(1, 0), (45, 0), (7, 33), (40, 200)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -133,6 +142,7 @@ def test_prefill_paths_match_plain_attention(heads, kv_heads, head_dim, chunk, c
     num_blocks = context // BLOCK + 4
     cache = random_cache(num_blocks, kv_heads, head_dim, dtype, kv_cache_dtype, generator)
     block_ids = torch.randperm(num_blocks, generator=generator)[: -(-context // BLOCK)]
+    poison_past_context(cache, block_ids, context)
     # q as the model makes it: a view into the fused qkv projection's rows
     q = torch.randn(chunk, heads + 2 * kv_heads, head_dim, generator=generator).to(dtype)[:, :heads]
     expected, expected_received = plain_prefill(q, cache, block_ids, cached)

@@ -39,6 +39,8 @@ namespace {
 constexpr int64_t kBlock = 16;  // tokens per cache block
 constexpr int kRows = 6;        // rows per register tile
 constexpr int kRowsBf16 = 12;   // for the bf16 products, whose 32 registers hold twice as many
+template <typename T, typename C>
+constexpr int kRegisterRows = kDotBf16<T, C> ? kRowsBf16 : kRows;
 constexpr int64_t kTileRows = 24;  // rows per work item: the key and value blocks stay in L1 across them
 constexpr int64_t kSpanBlocks = 8;  // value blocks one pass of p.v keeps its accumulators in registers over
 
@@ -155,7 +157,7 @@ void gather_queries(const Problem& p, const T* q, int64_t kv_head, int64_t first
 template <typename T, typename C, typename Length>
 void tile_scores(const Problem& p, const C* k_cache, const int64_t* table, int64_t kv_head, int64_t rows,
                  int64_t context, int64_t padded, const float* queries, float* scores, Length length_of) {
-  constexpr int R = kDotBf16<T, C> ? kRowsBf16 : kRows;
+  constexpr int R = kRegisterRows<T, C>;
   const int64_t hd = p.head_dim;
   for (int64_t start = 0, b = 0; start < context; start += kBlock, ++b) {
     const C* keys = k_cache + (table[b] * p.kv_heads + kv_head) * hd * kBlock;
@@ -179,7 +181,7 @@ void tile_scores(const Problem& p, const C* k_cache, const int64_t* table, int64
 template <typename T, typename C, typename Length>
 void tile_values(const Problem& p, const C* v_cache, const int64_t* table, int64_t kv_head, int64_t rows,
                  int64_t context, int64_t padded, const TileBuffers& tile, Length length_of) {
-  constexpr int R = kDotBf16<T, C> ? kRowsBf16 : kRows;
+  constexpr int R = kRegisterRows<T, C>;
   constexpr int64_t kWidth = kDotBf16<T, C> ? 32 : 2 * kLanes;  // output elements per pass
   const int64_t hd = p.head_dim;
   std::fill(tile.outputs, tile.outputs + rows * hd, 0.0f);

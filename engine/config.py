@@ -87,10 +87,18 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 @functools.cache
+def cpu_flags() -> frozenset[str]:
+    try:
+        return frozenset(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return frozenset()
+
+
 def cpu_has_bf16_units() -> bool:
     """Without AVX-512 BF16 or AMX, bf16 matrix products run far slower than float32 on the CPU."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def cpu_has_amx() -> bool:
+    """AMX tiles, which torch's bf16 products use (through oneDNN) from a dozen rows on."""
+    return "amx_bf16" in cpu_flags()

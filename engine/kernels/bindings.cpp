@@ -18,22 +18,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary", &kvchat::rotary, "rotary embedding of q and k in place (rotate-half layout)");
   m.def("write_kv", &kvchat::write_kv, "new keys and values into their cache slots (int8: quantized)");
 
+  py::class_<kvchat::LinearWeights>(m, "LinearWeights")
+      .def(py::init<torch::Tensor, std::optional<torch::Tensor>, std::optional<torch::Tensor>,
+                    std::optional<torch::Tensor>, std::optional<torch::Tensor>>(),
+           py::arg("weight"), py::arg("packed") = py::none(), py::arg("onednn") = py::none(),
+           py::arg("bias") = py::none(), py::arg("scale") = py::none());
   py::class_<kvchat::LayerWeights>(m, "LayerWeights")
-      .def(py::init([](torch::Tensor input_norm, torch::Tensor qkv, torch::Tensor o, torch::Tensor post_norm,
-                       torch::Tensor gate_up, torch::Tensor down, std::optional<torch::Tensor> qkv_bias,
-                       std::optional<torch::Tensor> o_bias, std::optional<torch::Tensor> q_norm,
-                       std::optional<torch::Tensor> k_norm, std::optional<torch::Tensor> qkv_scale,
-                       std::optional<torch::Tensor> o_scale, std::optional<torch::Tensor> gate_up_scale,
-                       std::optional<torch::Tensor> down_scale) {
-             return kvchat::LayerWeights{input_norm, qkv,    o,      post_norm, gate_up,       down,
-                                         qkv_bias,   o_bias, q_norm, k_norm,    qkv_scale,     o_scale,
-                                         gate_up_scale, down_scale};
-           }),
-           py::arg("input_norm"), py::arg("qkv"), py::arg("o"), py::arg("post_norm"), py::arg("gate_up"),
-           py::arg("down"), py::arg("qkv_bias") = py::none(), py::arg("o_bias") = py::none(),
-           py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(), py::arg("qkv_scale") = py::none(),
-           py::arg("o_scale") = py::none(), py::arg("gate_up_scale") = py::none(),
-           py::arg("down_scale") = py::none());
+      .def(py::init<torch::Tensor, torch::Tensor, kvchat::LinearWeights, kvchat::LinearWeights,
+                    kvchat::LinearWeights, kvchat::LinearWeights, std::optional<torch::Tensor>,
+                    std::optional<torch::Tensor>>(),
+           py::arg("input_norm"), py::arg("post_norm"), py::arg("qkv"), py::arg("o"), py::arg("gate_up"),
+           py::arg("down"), py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none());
   py::class_<kvchat::DecodeLayers>(m, "DecodeLayers")
       .def(py::init<std::vector<kvchat::LayerWeights>, int64_t, int64_t, int64_t, double, torch::Tensor,
                     torch::Tensor, int64_t>(),

@@ -21,6 +21,19 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& q, const 
   return out.to(x.scalar_type());
 }
 
+// layers/linear.py's oneDNN product, through torch's dispatcher: a weight reordered once by
+// torch.ops.mkldnn._reorder_linear_weight.
+torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& weight,
+                            const std::optional<torch::Tensor>& bias) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+          .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const std::optional<torch::Tensor>&,
+                               c10::string_view, c10::List<std::optional<c10::Scalar>>,
+                               std::optional<c10::string_view>)>();
+  return op.call(x, weight, bias, "none", c10::List<std::optional<c10::Scalar>>(), std::nullopt);
+}
+
 }  // namespace
 
 DecodeLayers::DecodeLayers(std::vector<LayerWeights> layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
@@ -46,11 +59,13 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
   const int64_t blocks = kv_cache.size(2), block_size = kv_cache.size(4) / head_dim;
   const int64_t max_context = block_tables.size(1) * block_size;
   const double scale = std::pow(static_cast<double>(head_dim), -0.5);  // as Python's head_dim ** -0.5
-  const auto linear = [&](const torch::Tensor& input, const torch::Tensor& weight,
-                          const std::optional<torch::Tensor>& bias, const std::optional<torch::Tensor>& scale) {
-    if (weight.dim() == 4) return packed_linear(input, weight, bias);  // packed for bf16 units (kernels.h)
-    if (rows <= max_kernel_rows_) return few_rows_linear(input, weight, bias, scale);
-    return scale.has_value() ? int8_linear(input, weight, *scale, bias) : at::linear(input, weight, bias);
+  const auto linear = [&](const torch::Tensor& input, const LinearWeights& w) {
+    if (rows <= max_kernel_rows_) {
+      return w.packed.has_value() ? packed_linear(input, *w.packed, w.bias)
+                                  : few_rows_linear(input, w.weight, w.bias, w.scale);
+    }
+    if (w.onednn.has_value()) return onednn_linear(input, *w.onednn, w.bias);
+    return w.scale.has_value() ? int8_linear(input, w.weight, *w.scale, w.bias) : at::linear(input, w.weight, w.bias);
   };
   torch::Tensor received;
   if (sum_attention) received = torch::zeros({rows, max_context}, x.options().dtype(torch::kFloat));
@@ -64,7 +79,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
       value_scales = (*layer_scales)[1];
     }
     add_rms_norm(x, residual, w.input_norm, eps_);
-    const auto qkv = linear(x, w.qkv, w.qkv_bias, w.qkv_scale).split(
+    const auto qkv = linear(x, w.qkv).split(
         {heads_ * head_dim, kv_heads_ * head_dim, kv_heads_ * head_dim}, -1);
     torch::Tensor q = qkv[0].view({rows, heads_, head_dim}), k = qkv[1].view({rows, kv_heads_, head_dim});
     const torch::Tensor v = qkv[2].view({rows, kv_heads_, head_dim});
@@ -79,10 +94,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
     const auto [attended, probability_sums] = paged_decode_attention(
         q, keys, values, block_tables, context_lens, scale, key_scales, value_scales, sum_attention);
     if (sum_attention) received.add_(probability_sums);
-    x = linear(attended.flatten(1), w.o, w.o_bias, w.o_scale);
+    x = linear(attended.flatten(1), w.o);
     add_rms_norm(x, residual, w.post_norm, eps_);
-    const auto gate_up = linear(x, w.gate_up, std::nullopt, w.gate_up_scale).chunk(2, -1);
-    x = linear(at::silu(gate_up[0]) * gate_up[1], w.down, std::nullopt, w.down_scale);
+    const auto gate_up = linear(x, w.gate_up).chunk(2, -1);
+    x = linear(at::silu(gate_up[0]) * gate_up[1], w.down);
   }
   return {x, residual, received};
 }

@@ -42,20 +42,25 @@ void rotary(torch::Tensor q, torch::Tensor k, torch::Tensor positions, torch::Te
 void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor layer_cache, torch::Tensor slot_blocks,
               torch::Tensor slot_offsets, std::optional<torch::Tensor> layer_scales);
 
-// One decoder layer's weights, as models/decoder.py holds them (qkv and gate_up fused): bf16 ones packed
-// for packed_linear where the CPU runs it (4-d); with int8 weights, each linear layer's scale per output
-// channel.
+// One linear layer's weights as layers/linear.py holds them: bf16 ones also packed for packed_linear where
+// the CPU runs it and, on AMX machines, reordered for oneDNN; int8 ones with their scale per output channel.
+struct LinearWeights {
+  torch::Tensor weight;
+  std::optional<torch::Tensor> packed, onednn, bias, scale;
+};
+
+// One decoder layer's weights (qkv and gate_up fused); Qwen3's per-head norms where it has them.
 struct LayerWeights {
-  torch::Tensor input_norm, qkv, o, post_norm, gate_up, down;
-  std::optional<torch::Tensor> qkv_bias, o_bias, q_norm, k_norm;  // Qwen2's biases, Qwen3's per-head norms
-  std::optional<torch::Tensor> qkv_scale, o_scale, gate_up_scale, down_scale;
+  torch::Tensor input_norm, post_norm;
+  LinearWeights qkv, o, gate_up, down;
+  std::optional<torch::Tensor> q_norm, k_norm;
 };
 
 // A decode step's pass through every decoder layer (decode_layers_cpu.cpp).
 class DecodeLayers {
  public:
-  // Packed (4-d) weights go to packed_linear; others, for steps of up to `max_kernel_rows` rows, to
-  // few_rows_linear, and to torch's product for more.
+  // Steps of up to `max_kernel_rows` rows go to packed_linear where a weight is packed, else to
+  // few_rows_linear; steps of more rows go to oneDNN where a weight is reordered for it, else to torch.
   DecodeLayers(std::vector<LayerWeights> layers, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
                torch::Tensor cos, torch::Tensor sin, int64_t max_kernel_rows);
 

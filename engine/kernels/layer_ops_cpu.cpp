@@ -6,6 +6,7 @@
 // so greedy tokens stay those of transformers (tests/engine/test_greedy_equals_transformers.py).
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <type_traits>
 
 #include "kernels.h"
@@ -50,6 +51,14 @@ void store_row(const T* row, int64_t size, C* target, int64_t stride, float* sca
   }
 }
 
+// Rows of a prefill are split between the threads; a decode step's few rows stay on one, where a parallel
+// region would cost more than the rows.
+void for_rows(int64_t rows, const std::function<void(int64_t)>& body) {
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) body(r);
+  });
+}
+
 void check_rows(const torch::Tensor& x, const torch::Tensor& weight) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous (rows, hidden) tensor");
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.scalar_type() == x.scalar_type(),
@@ -64,9 +73,10 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   auto out = torch::empty_like(x);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
     const int64_t size = x.size(1);
-    for (int64_t r = 0; r < x.size(0); ++r)
+    for_rows(x.size(0), [&](int64_t r) {
       normalise_row(x.data_ptr<scalar_t>() + r * size, weight.data_ptr<scalar_t>(),
                     out.data_ptr<scalar_t>() + r * size, size, eps);
+    });
   });
   return out;
 }
@@ -79,10 +89,10 @@ void add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight,
     const int64_t size = x.size(1);
     scalar_t* rows = x.data_ptr<scalar_t>();
     scalar_t* sums = residual.data_ptr<scalar_t>();
-    for (int64_t r = 0; r < x.size(0); ++r) {
+    for_rows(x.size(0), [&](int64_t r) {
       for (int64_t j = 0; j < size; ++j) sums[r * size + j] += rows[r * size + j];
       normalise_row(sums + r * size, weight.data_ptr<scalar_t>(), rows + r * size, size, eps);
-    }
+    });
   });
 }
 
@@ -96,7 +106,7 @@ void rotary(torch::Tensor q, torch::Tensor k, torch::Tensor positions, torch::Te
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "rotary", [&] {
     for (torch::Tensor* tensor : {&q, &k}) {
       scalar_t* data = tensor->data_ptr<scalar_t>();
-      for (int64_t t = 0; t < tensor->size(0); ++t) {
+      for_rows(tensor->size(0), [&](int64_t t) {
         const int64_t position = positions.data_ptr<int64_t>()[t];
         const scalar_t* c = cos.data_ptr<scalar_t>() + position * cos.size(1);
         const scalar_t* s = sin.data_ptr<scalar_t>() + position * sin.size(1);
@@ -110,7 +120,7 @@ void rotary(torch::Tensor q, torch::Tensor k, torch::Tensor positions, torch::Te
                                                 first * static_cast<float>(s[d + half]));
           }
         }
-      }
+      });
     }
   });
 }

@@ -1,19 +1,28 @@
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import cpu_has_bf16_units
+from engine.config import cpu_has_amx, cpu_has_bf16_units
 from engine.quantization import int8_linear, quantize_int8
 
 
-def max_kernel_rows(dtype: torch.dtype, quantized: bool = False) -> int:
-    """Up to how many rows our few-row kernel beats torch's matrix product.  Without bf16 units (a 2-core
-    AVX2 machine) it won up to 64 rows over all of SmolLM2's layers (64 rows: 174 ms against 256 ms).  Where
-    the CPU has them, torch's products run on oneDNN's bf16 dot products and win from a few rows: for the
-    30 layers' products on a 2-core AVX-512 BF16 machine, 8 rows took 6.6 ms against our 9.9 in bf16 and
-    32 rows 12 ms against 39; in float32 torch wins from 16 rows (25 ms against 31).  With int8 weights
-    torch's product first widens them (~8 ms a step for SmolLM2), so ours wins up to 16 rows there
-    (14 ms against 18; at 32 rows 46 against 26)."""
+def max_kernel_rows(dtype: torch.dtype, quantized: bool = False, packed: bool = False) -> int:
+    """Up to how many rows our kernels beat torch's matrix product.  Without bf16 units (a 2-core AVX2
+    machine) the few-row kernel won up to 64 rows over all of SmolLM2's layers (64 rows: 174 ms against
+    256 ms).  Where the CPU has them, torch's products run on oneDNN's bf16 dot products and win from a
+    few rows: for the 30 layers' products on a 2-core AVX-512 BF16 machine, 8 rows took 6.6 ms against
+    the few-row kernel's 9.9 in bf16 and 32 rows 12 ms against 39; in float32 torch wins from 16 rows
+    (25 ms against 31).  With int8 weights torch's product first widens them (~8 ms a step for SmolLM2), so
+    ours wins up to 16 rows there (14 ms against 18; at 32 rows 46 against 26).
+
+    Packed bf16 weights (packed_linear) beat torch at every size on AVX-512 BF16 units, but not where the
+    CPU also has AMX tiles, which oneDNN uses: on a 2-core Sapphire Rapids class Xeon, the 30 layers took
+    2.4 ms packed against oneDNN's 6.3 (with its weights reordered once, Linear.onednn) at 1 row, 5.6
+    against 6.1 at 4, 8.4 against 5.9 at 8, and 500 against 57 at 512."""
+    if packed:
+        return 4 if cpu_has_amx() else sys.maxsize
     if not cpu_has_bf16_units():
         return 64
     if quantized:
@@ -25,10 +34,14 @@ class Linear(nn.Linear):
     """nn.Linear that sends its products to our C++ kernels where they are set.
 
     bf16 weights on a CPU with AVX-512 BF16 units are packed once for their pair dot products
-    (kernels/packed_linear_cpu.cpp), and every product goes there: on a 2-core AVX-512 BF16 machine,
-    SmolLM2's 30 layers took the same time from 1 to 8 rows (5.4-6.8 ms, where the few-row kernel jumps
-    from 5.6 ms at 3 rows to 13 ms at 4) and beat torch's product up to a prefill chunk (32 rows 12.5 ms
-    against 17.1; 512 rows 116 against 126).  The packed copy costs the weights' bytes once more.
+    (kernels/packed_linear_cpu.cpp), and products go there (on AMX machines only up to a few rows,
+    max_kernel_rows): on a 2-core AVX-512 BF16 machine, SmolLM2's 30 layers took the same time from 1 to 8
+    rows (5.4-6.8 ms, where the few-row kernel jumps from 5.6 ms at 3 rows to 13 ms at 4) and beat torch's
+    product up to a prefill chunk (32 rows 12.5 ms against 17.1; 512 rows 116 against 126).  The packed
+    copy costs the weights' bytes once more.
+    On AMX machines, products of more rows go to oneDNN with the weight reordered once into its blocked
+    layout, as vLLM's CPU build does, instead of torch's product, which reorders it on every call: the 30
+    layers took 7.3 ms against 11.6 at 32 rows and 27 against 34 at 256, though 57 against 51 at 512.
     Elsewhere, a decode step's few rows go to the few-row kernel, bound by reading the weights, which
     torch's general product reads at about half the bandwidth for one row and slower for two to eight
     (kernels/few_rows_linear_cpu.cpp); more rows go to torch (max_kernel_rows).
@@ -37,6 +50,7 @@ class Linear(nn.Linear):
     kernels = None
     max_kernel_rows = 0  # set with the kernels, for the model's dtype
     packed: torch.Tensor | None = None  # the weight in packed_linear's layout, where the CPU runs it
+    onednn: torch.Tensor | None = None  # the weight in oneDNN's blocked layout, on AMX machines
     # With int8 weights (quantize_int8_), the float32 scale per output channel.  A plain attribute, not a
     # buffer: the model's .to(dtype) would round a buffer to bf16.
     weight_scale: torch.Tensor | None = None
@@ -47,22 +61,31 @@ class Linear(nn.Linear):
 
     def use_kernels(self, kernels) -> None:
         self.kernels = kernels
-        self.max_kernel_rows = max_kernel_rows(self.weight.dtype, self.weight_scale is not None)
-        out_features, in_features = self.weight.shape
-        packable = self.weight.dtype == torch.bfloat16 and out_features % 32 == 0 and in_features % 2 == 0
-        if kernels is not None and packable and kernels.packed_linear_available():
-            self.packed = kernels.pack_bf16_weight(self.weight.detach())
+        self.packed = self.onednn = None
+        if kernels is not None and self.weight.dtype == torch.bfloat16:
+            self.pack_bf16(kernels)
+        quantized = self.weight_scale is not None
+        self.max_kernel_rows = max_kernel_rows(self.weight.dtype, quantized, self.packed is not None)
 
-    @property
-    def kernel_weight(self) -> torch.Tensor:
-        """The weight as our C++ decode pass takes it: packed where packed_linear runs it."""
-        return self.packed if self.packed is not None else self.weight
+    def pack_bf16(self, kernels) -> None:
+        out_features, in_features = self.weight.shape
+        weight = self.weight.detach()
+        if out_features % 32 == 0 and in_features % 2 == 0 and kernels.packed_linear_available():
+            self.packed = kernels.pack_bf16_weight(weight)
+        if cpu_has_amx() and torch.backends.mkldnn.is_available():
+            self.onednn = torch.ops.mkldnn._reorder_linear_weight(weight)
+
+    def kernel_weights(self):
+        """This layer's weights as our C++ decode pass takes them."""
+        return self.kernels.LinearWeights(self.weight, self.packed, self.onednn, self.bias, self.weight_scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return self.kernels.packed_linear(x, self.packed, self.bias)
         if self.kernels is not None and x.shape[0] <= self.max_kernel_rows:
+            if self.packed is not None:
+                return self.kernels.packed_linear(x, self.packed, self.bias)
             return self.kernels.few_rows_linear(x, self.weight, self.bias, self.weight_scale)
+        if self.onednn is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.onednn, self.bias, "none", [], None)
         slow_bf16 = x.dtype == torch.bfloat16 and x.device.type == "cpu" and not cpu_has_bf16_units()
         if self.weight_scale is not None:
             product_input = x.float() if slow_bf16 else x

@@ -125,9 +125,9 @@ class CausalLM(nn.Module):
                 module.quantize_int8_()
 
     def weight_bytes(self) -> int:
-        """Bytes of every parameter (a tied lm_head counted once), int8 scale and packed copy."""
+        """Bytes of every parameter (a tied lm_head counted once), int8 scale and packed copies."""
         linears = [m for m in self.modules() if isinstance(m, Linear)]
-        extras = [t for m in linears for t in (m.weight_scale, m.packed) if t is not None]
+        extras = [t for m in linears for t in (m.weight_scale, m.packed, m.onednn) if t is not None]
         return sum(t.nbytes for t in [*self.parameters(), *extras])
 
     def forward(self, input_ids, positions, kv_cache, kv_scales, meta: AttentionMetadata) -> torch.Tensor:
@@ -181,19 +181,13 @@ class CausalLM(nn.Module):
             attention, mlp = layer.self_attn, layer.mlp
             return kernels.LayerWeights(
                 input_norm=layer.input_layernorm.weight,
-                qkv=attention.qkv_proj.kernel_weight,
-                o=attention.o_proj.kernel_weight,
                 post_norm=layer.post_attention_layernorm.weight,
-                gate_up=mlp.gate_up_proj.kernel_weight,
-                down=mlp.down_proj.kernel_weight,
-                qkv_bias=attention.qkv_proj.bias,
-                o_bias=attention.o_proj.bias,
+                qkv=attention.qkv_proj.kernel_weights(),
+                o=attention.o_proj.kernel_weights(),
+                gate_up=mlp.gate_up_proj.kernel_weights(),
+                down=mlp.down_proj.kernel_weights(),
                 q_norm=attention.q_norm.weight if shape.qk_norm else None,
                 k_norm=attention.k_norm.weight if shape.qk_norm else None,
-                qkv_scale=attention.qkv_proj.weight_scale,
-                o_scale=attention.o_proj.weight_scale,
-                gate_up_scale=mlp.gate_up_proj.weight_scale,
-                down_scale=mlp.down_proj.weight_scale,
             )
 
         return kernels.DecodeLayers(

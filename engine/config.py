@@ -88,10 +88,13 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 @functools.cache
 def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (avx2, avx512_bf16, amx_bf16, ...); none where /proc/cpuinfo is missing."""
     try:
-        return frozenset(Path("/proc/cpuinfo").read_text().split())
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return frozenset()
+    flags = next((line.split(":", 1)[1] for line in lines if line.startswith("flags")), "")
+    return frozenset(flags.split())
 
 
 def cpu_has_bf16_units() -> bool:

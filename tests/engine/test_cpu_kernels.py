@@ -148,6 +148,8 @@ def test_prefill_paths_match_plain_attention(heads, kv_heads, head_dim, chunk, c
     # q as the model makes it: a view into the fused qkv projection's rows
     q = torch.randn(chunk, heads + 2 * kv_heads, head_dim, generator=generator).to(dtype)[:, :heads]
     expected, expected_received = plain_prefill(q, cache, block_ids, cached)
+    keys, values = cache.gather(block_ids, dtype)  # the chunk's own keys and values, as written
+    k_new, v_new = (t[:, cached:context].transpose(0, 1) for t in (keys, values))
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     for attend in kernel_prefill_attention, torch_prefill_attention:
         store = torch.zeros(num_blocks * BLOCK)
@@ -155,7 +157,7 @@ def test_prefill_paths_match_plain_attention(heads, kv_heads, head_dim, chunk, c
         prefill = PrefillChunk(0, chunk, block_ids, cached)
         meta = AttentionMetadata(torch.empty(0), torch.empty(0), prefills=[prefill])
         tracker.start_step(torch.empty(0, dtype=torch.long), meta)
-        out = attend(q, cache, prefill, 0, tracker, cpu_kernels())
+        out = attend(q, k_new, v_new, cache, prefill, 0, tracker, cpu_kernels())
         assert out.dtype == dtype and out.shape == (chunk, heads, head_dim)
         torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
         slots = tracker.slots_of(block_ids, context)

@@ -121,7 +121,7 @@ def load_hotpot(retriever: Retriever) -> Corpus:
 
 def load_chinese(retriever: Retriever) -> Corpus:
     """Our Chinese knowledge base (bench/data/zh_kb.jsonl: a watch manual, an after-sales FAQ, cloud terms),
-    with questions in Chinese and English; the two holdouts were written apart and evaluated once each."""
+    with questions in Chinese and English; the three holdouts were written apart and evaluated once each."""
     rows = [json.loads(line) for line in (DATA / "zh_kb.jsonl").read_text(encoding="utf-8").splitlines()]
     by_document: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
@@ -137,7 +137,7 @@ def load_chinese(retriever: Retriever) -> Corpus:
         for hit_id, text in _all_paragraphs(retriever, "zh")
     }
     query_sets = {}
-    for part in ("dev", "holdout", "holdout2"):
+    for part in ("dev", "holdout", "holdout2", "holdout3"):
         lines = (DATA / f"zh_queries_{part}.jsonl").read_text(encoding="utf-8").splitlines()
         queries = [json.loads(line) for line in lines]
         for language in ("zh", "en"):

@@ -44,7 +44,7 @@ class ModelRunner:
             for first, item in samplers
             for row in range(first + item.num_new_tokens - 1, first + item.num_input_tokens)
         ]
-        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])
+        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)], kernel_rows=len(samplers))
         return self.emit(samplers, logits, meta)
 
     def emit(self, samplers: list[tuple[int, ScheduledSeq]], logits: torch.Tensor, meta) -> dict:
@@ -115,6 +115,7 @@ class ModelRunner:
         indices = torch.arange(len(rows))
         slots = tables[indices, new_slots // self.block_size] * self.block_size + new_slots % self.block_size
         meta.num_decode_tokens = len(rows)
+        meta.num_draft_tokens = sum(len(item.draft_token_ids) for item in items)
         meta.decode_block_tables = tables.to(self.device)
         meta.decode_context_lens = (new_slots + 1).to(self.device)
         return slots

@@ -36,7 +36,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("cos"), py::arg("sin"), py::arg("max_kernel_rows"))
       .def("forward", &kvchat::DecodeLayers::forward, "every decoder layer of a decode step",
            py::arg("x"), py::arg("residual"), py::arg("positions"), py::arg("kv_cache"), py::arg("kv_scales"),
-           py::arg("block_tables"),
-           py::arg("context_lens"), py::arg("slot_blocks"), py::arg("slot_offsets"), py::arg("sum_attention"),
+           py::arg("block_tables"), py::arg("context_lens"), py::arg("slot_blocks"), py::arg("slot_offsets"),
+           py::arg("kernel_rows"), py::arg("sum_attention"),
            py::call_guard<py::gil_scoped_release>());  // no Python objects inside: other threads may run
 }

@@ -52,7 +52,7 @@ DecodeLayers::DecodeLayers(std::vector<LayerWeights> layers, int64_t heads, int6
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
     torch::Tensor x, torch::Tensor residual, torch::Tensor positions, torch::Tensor kv_cache,
     std::optional<torch::Tensor> kv_scales, torch::Tensor block_tables, torch::Tensor context_lens,
-    torch::Tensor slot_blocks, torch::Tensor slot_offsets, bool sum_attention) const {
+    torch::Tensor slot_blocks, torch::Tensor slot_offsets, int64_t kernel_rows, bool sum_attention) const {
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == static_cast<int64_t>(layers_.size()),
               "kv_cache: (layers, 2, blocks, kv_heads, block_size * head_dim)");
   const int64_t rows = x.size(0), head_dim = head_dim_;
@@ -60,7 +60,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
   const int64_t max_context = block_tables.size(1) * block_size;
   const double scale = std::pow(static_cast<double>(head_dim), -0.5);  // as Python's head_dim ** -0.5
   const auto linear = [&](const torch::Tensor& input, const LinearWeights& w) {
-    if (rows <= max_kernel_rows_) {
+    if (kernel_rows <= max_kernel_rows_) {
       return w.packed.has_value() ? packed_linear(input, *w.packed, w.bias)
                                   : few_rows_linear(input, w.weight, w.bias, w.scale);
     }

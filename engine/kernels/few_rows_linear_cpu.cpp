@@ -31,33 +31,28 @@ inline void store(float sum, const float* x_row, const W* weight_row, int64_t do
   out_row[column] = static_cast<T>(sum);
 }
 
-// Dot products of ROWS rows of x with TILE consecutive weight rows starting at `column`.  x is in float32,
-// each run of 2 * kLanes values in load_pair's order for W (paired_rows), so only the weights are converted.
-template <typename T, typename W, int ROWS, int TILE>
+// Dot products of ROWS rows of x with the weight row `column`.  x is in float32, each run of 2 * kLanes
+// values in load_pair's order for W (paired_rows), so only the weights are converted.  Two accumulators per
+// dot product, whatever ROWS: one chain of FMAs would not hide its latency at one row, and a row's sum must
+// not depend on how many rows come with it (AttentionMetadata.kernel_rows).
+template <typename T, typename W, int ROWS>
 void tile(const float* x, const W* weight, const float* bias, const float* scale, T* out, int64_t in,
           int64_t out_features, int64_t column) {
-  // Two accumulators per dot product where there are too few to hide the latency of a chain of FMAs.
-  constexpr int CHAINS = ROWS * TILE >= 8 ? 1 : 2;
-  vfloat acc[ROWS][TILE][CHAINS] = {};
+  vfloat acc[ROWS][2] = {};
+  const W* weight_row = weight + column * in;
   int64_t k = 0;
   for (; k + 2 * kLanes <= in; k += 2 * kLanes) {
-    vfloat xs[ROWS][2];
-    for (int r = 0; r < ROWS; ++r) load_pair(x + r * in + k, xs[r][0], xs[r][1]);
-    for (int t = 0; t < TILE; ++t) {
-      vfloat w[2];
-      load_pair(weight + (column + t) * in + k, w[0], w[1]);
-      for (int r = 0; r < ROWS; ++r) {
-        acc[r][t][0] += xs[r][0] * w[0];
-        acc[r][t][CHAINS - 1] += xs[r][1] * w[1];
-      }
+    vfloat w[2];
+    load_pair(weight_row + k, w[0], w[1]);
+    for (int r = 0; r < ROWS; ++r) {
+      vfloat xs[2];
+      load_pair(x + r * in + k, xs[0], xs[1]);
+      acc[r][0] += xs[0] * w[0];
+      acc[r][1] += xs[1] * w[1];
     }
   }
-  for (int r = 0; r < ROWS; ++r) {
-    for (int t = 0; t < TILE; ++t) {
-      const float sum = horizontal_sum(CHAINS == 1 ? acc[r][t][0] : acc[r][t][0] + acc[r][t][CHAINS - 1]);
-      store(sum, x + r * in, weight + (column + t) * in, k, in, bias, scale, column + t, out + r * out_features);
-    }
-  }
+  for (int r = 0; r < ROWS; ++r)
+    store(horizontal_sum(acc[r][0] + acc[r][1]), x + r * in, weight_row, k, in, bias, scale, column, out + r * out_features);
 }
 
 #ifdef __AVX512F__
@@ -95,26 +90,24 @@ void tile_int8(const float* x, const int8_t* weight, const float* bias, const fl
 }
 #endif
 
-// ROWS rows of x against `count` weight rows from `column`.  One or two rows of x are bound by memory,
-// and read the weights one row at a time, in address order, which the hardware prefetchers follow best
-// (all of SmolLM2's bf16 layers at one row: 10-11 ms, against 16 ms reading 8 weight rows side by side).
-// Four rows of x take two weight rows at a time, as many accumulators as AVX2 has registers for.
+// ROWS rows of x against `count` weight rows from `column`, one weight row at a time, in address order,
+// which the hardware prefetchers follow best (all of SmolLM2's bf16 layers at one row: 10-11 ms, against
+// 16 ms reading 8 weight rows side by side).  int8 weights on AVX-512, with 32 registers, take two weight
+// rows at a time for four rows of x.
 template <typename T, typename W, int ROWS>
 void columns(const float* x, const W* weight, const float* bias, const float* scale, T* out, int64_t in,
              int64_t out_features, int64_t column, int64_t count) {
-  constexpr int TILE = ROWS < 4 ? 1 : 2;
   int64_t c = 0;
 #ifdef __AVX512F__
   if constexpr (std::is_same_v<W, int8_t>) {
+    constexpr int TILE = ROWS < 4 ? 1 : 2;
     for (; c + TILE <= count; c += TILE)
       tile_int8<T, ROWS, TILE>(x, weight, bias, scale, out, in, out_features, column + c);
     for (; c < count; ++c) tile_int8<T, ROWS, 1>(x, weight, bias, scale, out, in, out_features, column + c);
     return;
   }
 #endif
-  for (; c + TILE <= count; c += TILE)
-    tile<T, W, ROWS, TILE>(x, weight, bias, scale, out, in, out_features, column + c);
-  for (; c < count; ++c) tile<T, W, ROWS, 1>(x, weight, bias, scale, out, in, out_features, column + c);
+  for (; c < count; ++c) tile<T, W, ROWS>(x, weight, bias, scale, out, in, out_features, column + c);
 }
 
 // x in float32, each whole run of 2 * kLanes values in load_pair's order for T: floats as they are.

@@ -61,6 +61,7 @@ class DecodeLayers {
  public:
   // Steps of up to `max_kernel_rows` rows go to packed_linear where a weight is packed, else to
   // few_rows_linear; steps of more rows go to oneDNN where a weight is reordered for it, else to torch.
+  // A step's rows count as `kernel_rows` there: its rows without speculative drafts.
   DecodeLayers(std::vector<LayerWeights> layers, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
                torch::Tensor cos, torch::Tensor sin, int64_t max_kernel_rows);
 
@@ -69,7 +70,7 @@ class DecodeLayers {
   std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward(
       torch::Tensor x, torch::Tensor residual, torch::Tensor positions, torch::Tensor kv_cache,
       std::optional<torch::Tensor> kv_scales, torch::Tensor block_tables, torch::Tensor context_lens,
-      torch::Tensor slot_blocks, torch::Tensor slot_offsets, bool sum_attention) const;
+      torch::Tensor slot_blocks, torch::Tensor slot_offsets, int64_t kernel_rows, bool sum_attention) const;
 
  private:
   std::vector<LayerWeights> layers_;

@@ -50,6 +50,14 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor | None = None  # (decodes,)
     prefills: list[PrefillChunk] = field(default_factory=list)
     importance: ImportanceTracker | None = None  # set when a session's tokens may be evicted later
+    num_draft_tokens: int = 0  # rows that check speculative drafts
+
+    @property
+    def kernel_rows(self) -> int:
+        """The rows by which products choose their kernel: the step's rows without its drafts.  Each
+        kernel computes a row to the same bits whatever rows come with it, so a drafted step computes its
+        rows as the step without drafts would, and greedy replies stay those without speculation."""
+        return self.slot_blocks.shape[0] - self.num_draft_tokens
 
 
 @dataclass

@@ -79,8 +79,10 @@ class Linear(nn.Linear):
         """This layer's weights as our C++ decode pass takes them."""
         return self.kernels.LinearWeights(self.weight, self.packed, self.onednn, self.bias, self.weight_scale)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernels is not None and x.shape[0] <= self.max_kernel_rows:
+    def forward(self, x: torch.Tensor, kernel_rows: int | None = None) -> torch.Tensor:
+        """kernel_rows: the rows that choose the kernel, where x has more (AttentionMetadata.kernel_rows)."""
+        rows = x.shape[0] if kernel_rows is None else kernel_rows
+        if self.kernels is not None and rows <= self.max_kernel_rows:
             if self.packed is not None:
                 return self.kernels.packed_linear(x, self.packed, self.bias)
             return self.kernels.few_rows_linear(x, self.weight, self.bias, self.weight_scale)

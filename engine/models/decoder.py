@@ -65,7 +65,7 @@ class Attention(nn.Module):
         self.rotary = rotary
 
     def forward(self, positions, x, kv_cache: LayerCache, meta: AttentionMetadata):
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = self.qkv_proj(x, meta.kernel_rows).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.shape.num_heads, self.shape.head_dim)
         k = k.view(-1, self.shape.num_kv_heads, self.shape.head_dim)
         v = v.view(-1, self.shape.num_kv_heads, self.shape.head_dim)
@@ -73,7 +73,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
         out = paged_attention(q, k, v, kv_cache, meta, self.kernels)
-        return self.o_proj(out.flatten(1))
+        return self.o_proj(out.flatten(1), meta.kernel_rows)
 
 
 class MLP(nn.Module):
@@ -82,9 +82,9 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(shape.hidden_size, 2 * shape.intermediate_size, bias=False)
         self.down_proj = Linear(shape.intermediate_size, shape.hidden_size, bias=False)
 
-    def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x, kernel_rows: int):
+        gate, up = self.gate_up_proj(x, kernel_rows).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up, kernel_rows)
 
 
 class DecoderLayer(nn.Module):
@@ -100,7 +100,7 @@ class DecoderLayer(nn.Module):
         x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(positions, x, kv_cache, meta)
         x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        return self.mlp(x, meta.kernel_rows), residual
 
 
 class CausalLM(nn.Module):
@@ -156,6 +156,7 @@ class CausalLM(nn.Module):
             meta.decode_context_lens,
             meta.slot_blocks,
             meta.slot_offsets,
+            meta.kernel_rows,
             sum_attention=meta.importance is not None,
         )
         if meta.importance is not None:
@@ -201,5 +202,5 @@ class CausalLM(nn.Module):
             self.layers[0].mlp.down_proj.max_kernel_rows,  # set above; the same for every layer
         )
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def logits(self, hidden: torch.Tensor, kernel_rows: int | None = None) -> torch.Tensor:
+        return self.lm_head(hidden, kernel_rows).float()

@@ -7,9 +7,12 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
+from engine.kernels import cpu_kernels
+from engine.layers.linear import Linear
 from engine.llm_engine import LLMEngine
 from engine.speculative import MAX_STEP_ROWS, DraftState, NgramDrafter, longest_match_end
 from engine.testing.oracle import reference_greedy, reference_model
@@ -86,6 +89,43 @@ def test_a_reply_that_repeats_its_prompt_accepts_most_drafts_and_equals_transfor
     stats = engine.stats()
     assert stats.spec_accepted_tokens >= 0.7 * stats.spec_draft_tokens > 0
     assert steps < len(tokens) / 2  # prefill included
+
+
+def logits_by_position(engine: LLMEngine) -> dict[int, torch.Tensor]:
+    """Records, by the position each predicts, the logits of every row a step samples from that rests
+    on greedy tokens only: a plain row, a drafted sequence's last token and its accepted drafts."""
+    recorded, emit = {}, engine.runner.emit
+
+    def recording(samplers, logits, meta):
+        emitted = emit(samplers, logits, meta)
+        row = 0
+        for _, item in samplers:
+            valid = len(emitted[item.seq])  # the accepted drafts and the row after them
+            for offset in range(valid):
+                recorded[item.seq.num_tokens + offset] = logits[row + offset].clone()
+            row += 1 + len(item.draft_token_ids)
+        return emitted
+
+    engine.runner.emit = recording
+    return recorded
+
+
+def test_a_drafted_step_computes_each_row_to_the_bits_of_the_step_without_drafts(smollm2_dir, repeat_prompt):
+    """Products choose their kernel by the step's rows without its drafts: here one row takes our
+    kernel and any more torch's product, so a verify step of five rows would otherwise round apart."""
+    logits = {}
+    for speculative in None, "ngram":
+        engine = engine_for(smollm2_dir, speculative=speculative)
+        model = engine.runner.model
+        for module in model.modules():
+            if isinstance(module, Linear):
+                module.max_kernel_rows = 1
+        model.decode_layers = model.kernel_decode_layers(cpu_kernels())
+        logits[speculative] = logits_by_position(engine)
+        run_steps(engine, repeat_prompt, SamplingParams(temperature=0, max_tokens=40))
+    assert engine.stats().spec_accepted_tokens > 20
+    assert logits["ngram"].keys() == logits[None].keys()
+    assert all(torch.equal(logits["ngram"][p], logits[None][p]) for p in logits[None])
 
 
 class AlwaysWrong(NgramDrafter):

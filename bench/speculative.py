@@ -19,6 +19,11 @@ speed of both: engine/threads.py.)  Greedy outputs must be equal: every request'
 between speculation off and on, for each engine.
 Results: bench/results/<machine kind>/speculative_<dtype>.json (ours, vLLM, and ours with speculation over
 vLLM with speculation), plot docs/speculative_<kind>.png.
+
+    .venv/bin/python -m bench.speculative --draft-lengths 2 4 6 8 --concurrency 1
+
+chooses the default draft length: ours alone, off and with each K, interleaved the same way
+(bench/results/<machine kind>/speculative_draft_lengths_<dtype>.json).
 """
 
 import argparse
@@ -123,7 +128,11 @@ def worker(args) -> dict:
         from engine.config import EngineConfig
 
         config = EngineConfig(
-            model=args.model, dtype=args.dtype, speculative=VARIANTS[args.worker], max_num_seqs=64
+            model=args.model,
+            dtype=args.dtype,
+            speculative=VARIANTS[args.worker],
+            num_speculative_tokens=args.num_speculative_tokens or EngineConfig.num_speculative_tokens,
+            max_num_seqs=64,
         )
         engine = AsyncEngine(config)
     try:
@@ -138,14 +147,34 @@ def worker(args) -> dict:
         engine.shutdown()
 
 
-def run_worker(variant: str, args) -> dict:
+def run_worker(variant: str, args, draft_length: int | None = None) -> dict:
     python = str(VLLM_PYTHON) if variant in PEER_VARIANTS else sys.executable
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "2"}
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = [python, "-m", "bench.speculative", "--worker", variant, "--model", args.model]
         command += ["--dtype", args.dtype, "--out", out.name, "--concurrency", *map(str, args.concurrency)]
+        command += ["--num-speculative-tokens", str(draft_length)] if draft_length else []
         subprocess.run(command, check=True, cwd=ROOT, env=env)
         return json.loads(Path(out.name).read_text())
+
+
+def draft_length_sweep(args, machine: dict) -> None:
+    """Ours alone, without speculation and with each draft length, interleaved round by round."""
+    names = {f"ngram_k{k}": k for k in args.draft_lengths}
+    rounds = [
+        {"off": run_worker("off", args)} | {name: run_worker("ngram", args, k) for name, k in names.items()}
+        for _ in range(args.rounds)
+    ]
+    rows = {name: summarize(rounds, "off", name) for name in names}
+    result = {"machine": machine, "dtype": args.dtype, "rounds": args.rounds, "draft_lengths": rows}
+    folder = RESULTS / machine["kind"]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"speculative_draft_lengths_{args.dtype}.json"
+    path.write_text(json.dumps(result | {"raw": rounds}, indent=2))
+    for name, name_rows in rows.items():
+        for row, figures in name_rows.items():
+            speedup = round(figures["speedup"]["median"], 2)
+            print(name, row, "speed-up", speedup, "equal", figures["equal_outputs"])
 
 
 def spread(values: list[float]) -> dict:
@@ -228,7 +257,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument(
+        "--draft-lengths", type=int, nargs="+", help="ours alone, with each of these draft lengths (K)"
+    )
     parser.add_argument("--worker", choices=[*VARIANTS, *PEER_VARIANTS], help=argparse.SUPPRESS)
+    parser.add_argument("--num-speculative-tokens", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.model:
@@ -242,8 +275,11 @@ def main() -> None:
     from engine.config import resolve_device, resolve_dtype
 
     args.dtype = str(resolve_dtype(args.dtype, resolve_device("cpu"))).removeprefix("torch.")
-    peers = PEER_VARIANTS if VLLM_PYTHON.exists() else {}  # without it, ours alone (and the result says so)
+    peers = PEER_VARIANTS if VLLM_PYTHON.exists() and not args.draft_lengths else {}
     machine = describe(VLLM_PYTHON if peers else None)
+    if args.draft_lengths:
+        draft_length_sweep(args, machine)
+        return
     variants = [*VARIANTS, *peers]
     rounds = [{variant: run_worker(variant, args) for variant in variants} for _ in range(args.rounds)]
     result = {"machine": machine, "dtype": args.dtype, "rounds": args.rounds} | summaries(rounds, peers)

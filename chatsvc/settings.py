@@ -48,7 +48,7 @@ class Settings(BaseSettings):
         None, description="ngram = speculative decoding by prompt lookup: drafts from the chat's own text"
     )
     num_speculative_tokens: int = Field(
-        4, ge=1, le=MAX_SPECULATIVE_TOKENS, description="most draft tokens a step"
+        6, ge=1, le=MAX_SPECULATIVE_TOKENS, description="most draft tokens a step"
     )
     prompt_lookup_min: int = Field(2, ge=1, description="shortest n-gram a draft is looked up by")
     prompt_lookup_max: int = Field(4, ge=1, description="longest n-gram a draft is looked up by")

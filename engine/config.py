@@ -29,7 +29,8 @@ class EngineConfig:
     quantization: str | None = None  # "int8": weight-only, one scale per output channel (vLLM's name)
     kv_cache_dtype: str = "auto"  # "int8": keys and values in 8 bits, a scale per token and KV head
     speculative: str | None = None  # "ngram": drafts by prompt lookup (engine/speculative.py)
-    num_speculative_tokens: int = 4  # most draft tokens per sequence and step (vLLM's names from here)
+    # Most draft tokens per sequence and step (vLLM's names from here); 6 by measurement (README).
+    num_speculative_tokens: int = 6
     prompt_lookup_min: int = 2  # shortest n-gram a draft is looked up by
     prompt_lookup_max: int = 4  # longest
 

@@ -87,7 +87,7 @@ def test_a_reply_that_repeats_its_prompt_accepts_most_drafts_and_equals_transfor
     ids = engine.tokenizer.encode(repeat_prompt, add_special_tokens=False)
     assert tokens == reference_greedy(reference_model(smollm2_dir), ids, 48)
     stats = engine.stats()
-    assert stats.spec_accepted_tokens >= 0.7 * stats.spec_draft_tokens > 0
+    assert stats.spec_accepted_tokens >= 0.6 * stats.spec_draft_tokens > 0  # a draft's tail fails more often
     assert steps < len(tokens) / 2  # prefill included
 
 

@@ -51,8 +51,10 @@ void tile(const float* x, const W* weight, const float* bias, const float* scale
       acc[r][1] += xs[1] * w[1];
     }
   }
-  for (int r = 0; r < ROWS; ++r)
-    store(horizontal_sum(acc[r][0] + acc[r][1]), x + r * in, weight_row, k, in, bias, scale, column, out + r * out_features);
+  for (int r = 0; r < ROWS; ++r) {
+    const float sum = horizontal_sum(acc[r][0] + acc[r][1]);
+    store(sum, x + r * in, weight_row, k, in, bias, scale, column, out + r * out_features);
+  }
 }
 
 #ifdef __AVX512F__

@@ -249,7 +249,7 @@ def speedup_bars(ax, rows: dict) -> None:
     ax.legend()
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -263,7 +263,11 @@ def main() -> None:
     parser.add_argument("--worker", choices=[*VARIANTS, *PEER_VARIANTS], help=argparse.SUPPRESS)
     parser.add_argument("--num-speculative-tokens", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if not args.model:
         from engine.default_model import default_model_dir
 

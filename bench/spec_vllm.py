@@ -16,7 +16,7 @@ class SpecCounters:
 
 
 class VllmEngine:
-    def __init__(self, model: str, dtype: str, method: str | None, num_speculative_tokens: int = 6):
+    def __init__(self, model: str, dtype: str, method: str | None, num_speculative_tokens: int):
         from transformers import AutoTokenizer
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM

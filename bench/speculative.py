@@ -122,7 +122,7 @@ def worker(args) -> dict:
     if args.worker in PEER_VARIANTS:
         from bench.spec_vllm import VllmEngine
 
-        engine = VllmEngine(args.model, args.dtype, PEER_VARIANTS[args.worker])
+        engine = VllmEngine(args.model, args.dtype, PEER_VARIANTS[args.worker], args.num_speculative_tokens)
     else:
         from engine.async_engine import AsyncEngine
         from engine.config import EngineConfig
@@ -131,7 +131,7 @@ def worker(args) -> dict:
             model=args.model,
             dtype=args.dtype,
             speculative=VARIANTS[args.worker],
-            num_speculative_tokens=args.num_speculative_tokens or EngineConfig.num_speculative_tokens,
+            num_speculative_tokens=args.num_speculative_tokens,
             max_num_seqs=64,
         )
         engine = AsyncEngine(config)
@@ -153,7 +153,7 @@ def run_worker(variant: str, args, draft_length: int | None = None) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = [python, "-m", "bench.speculative", "--worker", variant, "--model", args.model]
         command += ["--dtype", args.dtype, "--out", out.name, "--concurrency", *map(str, args.concurrency)]
-        command += ["--num-speculative-tokens", str(draft_length)] if draft_length else []
+        command += ["--num-speculative-tokens", str(draft_length or args.num_speculative_tokens)]
         subprocess.run(command, check=True, cwd=ROOT, env=env)
         return json.loads(Path(out.name).read_text())
 
@@ -276,9 +276,10 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(worker(args)))
         return
     from bench.machine import describe
-    from engine.config import resolve_device, resolve_dtype
+    from engine.config import EngineConfig, resolve_device, resolve_dtype
 
     args.dtype = str(resolve_dtype(args.dtype, resolve_device("cpu"))).removeprefix("torch.")
+    args.num_speculative_tokens = EngineConfig.num_speculative_tokens  # both engines' K: our default
     peers = PEER_VARIANTS if VLLM_PYTHON.exists() and not args.draft_lengths else {}
     machine = describe(VLLM_PYTHON if peers else None)
     if args.draft_lengths:

@@ -2,14 +2,15 @@
 //
 // The torch path gathers every sequence's blocks into a padded copy before attending; at decode time
 // that copy costs more than the attention itself.  This kernel reads keys and values in place, through
-// the block tables.  A work item is one sequence and KV head: its scores for the query heads sharing
-// the KV head (GROUP, a compile-time constant so their accumulators stay in registers) go to a
-// per-thread buffer that stays in L1, become probabilities there (normalised before p.v, as transformers
-// does: dividing the sums afterwards parted an int8-KV session from its oracle at a 0.11 logit margin),
-// and multiply the values.  One parallel region per layer, no
-// scores tensor, and the next block is prefetched while one is computed: blocks sit anywhere in the
-// pool, out of reach of the hardware prefetcher (two kernels and torch's softmax between them took
-// three regions and 3-4x this time at 32 sequences of 400 tokens).
+// the block tables.  A work item is a KV head and up to four rows of one sequence (a step checking a
+// draft has a row per draft token, and reading the context once for all of them, not once a row, took a
+// 4-sequence step with drafts of 6 at 600 tokens from 10.8 to ~ ms for SmolLM2's 30 layers on a 2-core
+// AMX Xeon).  Its scores for the query heads sharing the KV head (GROUP, a compile-time constant so their
+// accumulators stay in registers) go to a per-thread buffer that stays in L1, become probabilities there
+// (normalised before p.v, as transformers does: dividing the sums afterwards parted an int8-KV session
+// from its oracle at a 0.11 logit margin), and multiply the values.  One parallel region per layer, no
+// scores tensor (two kernels and torch's softmax between them took three regions and 3-4x this time at 32
+// sequences of 400 tokens).
 //
 // A block holds its keys transposed, (kv_heads, head_dim, 16 tokens), so q.k runs along the block's
 // tokens in vector lanes with no horizontal sums, and its values as (kv_heads, 16 tokens, head_dim), so
@@ -23,6 +24,9 @@
 // (blocks, kv_heads, 16) float32.  Returns out (seqs, heads, head_dim) and, if asked, the probabilities
 // summed over heads, (seqs, max_blocks * 16) float32, 0 past each context.
 #include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <vector>
 
 #include "kernels.h"
 #include "kv_types.h"
@@ -62,36 +66,29 @@ inline void prefetch(const C* start, int64_t elements) {
     __builtin_prefetch(bytes + offset);
 }
 
-// scores[g][0:padded] = scale * q_g . each key of the context (past it: whatever the block holds).
+// scores[g][first:first + 16] = scale * q_g . each key of the block (past the context: whatever it holds).
 template <typename C, int GROUP>
-void qk(const Problem& p, const float* query, const C* k_cache, int64_t seq, int64_t kv_head, float* scores,
-        int64_t padded) {
-  const int64_t* table = p.tables + seq * p.max_blocks;
-  const int64_t length = p.lens[seq];
-  for (int64_t first = 0, b = 0; first < length; first += kBlock, ++b) {
-    const C* keys = head_block(k_cache, p, table[b], kv_head);
-    if (first + kBlock < length) prefetch(head_block(k_cache, p, table[b + 1], kv_head), p.head_dim * kBlock);
-    // Two chains of FMAs (even and odd d) where one would leave the FMA units waiting on its latency.
-    constexpr int CHAINS = GROUP * kVectors >= 8 ? 1 : 2;
-    vwide acc[CHAINS][GROUP][kVectors] = {};
-    for (int64_t d = 0; d < p.head_dim; d += CHAINS) {
-      for (int c = 0; c < CHAINS; ++c) {
-        vwide row[kVectors];
-        for (int v = 0; v < kVectors; ++v) row[v] = load_wide(keys + (d + c) * kBlock + v * kWideLanes);
-        for (int g = 0; g < GROUP; ++g) {
-          const float x = query[g * p.head_dim + d + c];
-          for (int v = 0; v < kVectors; ++v) acc[c][g][v] += x * row[v];
-        }
+void qk_block(const Problem& p, const float* query, const C* keys, const float* key_scales, float* scores,
+              int64_t padded, int64_t first) {
+  // Two chains of FMAs (even and odd d) where one would leave the FMA units waiting on its latency.
+  constexpr int CHAINS = GROUP * kVectors >= 8 ? 1 : 2;
+  vwide acc[CHAINS][GROUP][kVectors] = {};
+  for (int64_t d = 0; d < p.head_dim; d += CHAINS) {
+    for (int c = 0; c < CHAINS; ++c) {
+      vwide row[kVectors];
+      for (int v = 0; v < kVectors; ++v) row[v] = load_wide(keys + (d + c) * kBlock + v * kWideLanes);
+      for (int g = 0; g < GROUP; ++g) {
+        const float x = query[g * p.head_dim + d + c];
+        for (int v = 0; v < kVectors; ++v) acc[c][g][v] += x * row[v];
       }
     }
-    if constexpr (CHAINS == 2)
-      for (int g = 0; g < GROUP; ++g)
-        for (int v = 0; v < kVectors; ++v) acc[0][g][v] += acc[1][g][v];
-    const float* key_scales = block_scales(p.k_scales, p, table[b], kv_head);
-    for (int v = 0; v < kVectors; ++v) {
-      const vwide key_scale = load_wide(key_scales + v * kWideLanes);
-      for (int g = 0; g < GROUP; ++g) store(scores + g * padded + first + v * kWideLanes, acc[0][g][v] * key_scale);
-    }
+  }
+  if constexpr (CHAINS == 2)
+    for (int g = 0; g < GROUP; ++g)
+      for (int v = 0; v < kVectors; ++v) acc[0][g][v] += acc[1][g][v];
+  for (int v = 0; v < kVectors; ++v) {
+    const vwide key_scale = load_wide(key_scales + v * kWideLanes);
+    for (int g = 0; g < GROUP; ++g) store(scores + g * padded + first + v * kWideLanes, acc[0][g][v] * key_scale);
   }
 }
 
@@ -114,61 +111,124 @@ void pv_block(const float* probabilities, int64_t padded, const C* values, const
     for (int v = 0; v < VECTORS; ++v) store(sums + g * head_dim + d0 + v * kWideLanes, acc[g][v]);
 }
 
-// sums[g][0:head_dim] = probabilities[g] . values.  Up to kPassVectors vectors of head_dim per
+// One row's part of an item: its scaled query, its p.v sums and its scores (probabilities), in the item's
+// buffer.  The rows of an item share its sequence's blocks, each with its own length.
+struct Row {
+  int64_t index, length;
+  float *query, *sums, *scores;
+};
+
+// Up to kItemRows rows of one sequence (a step checking a draft has a row for its last token and one per
+// draft token) and one KV head: each block is read from memory once for all of them, and each row computes
+// what it would alone, in the same order, so a drafted step's rows keep the bits of the step without drafts.
+constexpr int64_t kItemRows = 4;
+struct Item {
+  int64_t first_row, rows, kv_head;
+};
+
+// Every row's scores over its context, the blocks in order, the next one prefetched while one is computed:
+// blocks sit anywhere in the pool, out of reach of the hardware prefetcher.
+template <typename C, int GROUP>
+void qk(const Problem& p, const C* k_cache, const int64_t* table, int64_t kv_head, Row* rows, int64_t count,
+        int64_t padded) {
+  for (int64_t first = 0, b = 0; first < rows[count - 1].length; first += kBlock, ++b) {
+    const C* keys = head_block(k_cache, p, table[b], kv_head);
+    if (first + kBlock < rows[count - 1].length)
+      prefetch(head_block(k_cache, p, table[b + 1], kv_head), p.head_dim * kBlock);
+    const float* key_scales = block_scales(p.k_scales, p, table[b], kv_head);
+    for (int64_t r = 0; r < count; ++r)
+      if (first < rows[r].length) qk_block<C, GROUP>(p, rows[r].query, keys, key_scales, rows[r].scores, padded, first);
+  }
+}
+
+// Every row's sums[g][0:head_dim] = probabilities[g] . values.  Up to kPassVectors vectors of head_dim per
 // pass over a block: GROUP * kPassVectors chains of FMAs, enough to hide their latency.
 template <typename C, int GROUP>
-void pv(const Problem& p, const float* probabilities, int64_t padded, const C* v_cache, int64_t seq, int64_t kv_head,
-        float* sums) {
-  const int64_t* table = p.tables + seq * p.max_blocks;
-  const int64_t length = p.lens[seq];
-  std::fill(sums, sums + GROUP * p.head_dim, 0.0f);
-  for (int64_t first = 0, b = 0; first < length; first += kBlock, ++b) {
+void pv(const Problem& p, const C* v_cache, const int64_t* table, int64_t kv_head, Row* rows, int64_t count,
+        int64_t padded) {
+  for (int64_t r = 0; r < count; ++r) std::fill(rows[r].sums, rows[r].sums + GROUP * p.head_dim, 0.0f);
+  for (int64_t first = 0, b = 0; first < rows[count - 1].length; first += kBlock, ++b) {
     const C* values = head_block(v_cache, p, table[b], kv_head);
-    if (first + kBlock < length) prefetch(head_block(v_cache, p, table[b + 1], kv_head), p.head_dim * kBlock);
+    if (first + kBlock < rows[count - 1].length)
+      prefetch(head_block(v_cache, p, table[b + 1], kv_head), p.head_dim * kBlock);
     const float* value_scales = block_scales(p.v_scales, p, table[b], kv_head);
-    const int64_t count = std::min(kBlock, length - first);
-    for (int64_t d0 = 0; d0 < p.head_dim; d0 += kPassVectors * kWideLanes) {
-      with_constant<kPassVectors>((p.head_dim - d0) / kWideLanes, [&](auto vectors) {
-        pv_block<C, GROUP, decltype(vectors)::value>(probabilities, padded, values, value_scales, first, count,
-                                                     p.head_dim, d0, sums);
-      });
+    for (int64_t r = 0; r < count; ++r) {
+      const int64_t tokens = std::min(kBlock, rows[r].length - first);
+      for (int64_t d0 = 0; tokens > 0 && d0 < p.head_dim; d0 += kPassVectors * kWideLanes) {
+        with_constant<kPassVectors>((p.head_dim - d0) / kWideLanes, [&](auto vectors) {
+          pv_block<C, GROUP, decltype(vectors)::value>(rows[r].scores, padded, values, value_scales, first, tokens,
+                                                       p.head_dim, d0, rows[r].sums);
+        });
+      }
     }
   }
 }
 
-// One sequence and KV head; `received`, if not null, is the sequence's row to add probabilities to.
-template <typename T, typename C, int GROUP>
-void attend(const Problem& p, const T* q, const C* k_cache, const C* v_cache, int64_t seq, int64_t kv_head,
-            std::vector<float>& buffer, T* out, float* received) {
-  const int64_t hd = p.head_dim, length = p.lens[seq];
-  const int64_t padded = (length + kBlock - 1) / kBlock * kBlock;
-  buffer.resize(GROUP * (2 * hd + padded));
-  float *query = buffer.data(), *sums = query + GROUP * hd, *scores = sums + GROUP * hd;
-  const T* q_rows = q + (seq * p.heads + kv_head * GROUP) * hd;
-  for (int64_t i = 0; i < GROUP * hd; ++i) query[i] = static_cast<float>(q_rows[i]) * p.scale;
-  qk<C, GROUP>(p, query, k_cache, seq, kv_head, scores, padded);
+// scores -> probabilities, added to the row's `received` (if not null) for the importance of its tokens.
+template <int GROUP>
+void normalise(const Row& row, int64_t padded, float* received) {
   for (int g = 0; g < GROUP; ++g) {
-    float* s = scores + g * padded;
-    const float inverse = 1.0f / softmax_numerators(s, length, padded);
-    for (int64_t j = 0; j < length; ++j) s[j] *= inverse;
+    float* s = row.scores + g * padded;
+    const float inverse = 1.0f / softmax_numerators(s, row.length, padded);
+    for (int64_t j = 0; j < row.length; ++j) s[j] *= inverse;
     if (received != nullptr)
-      for (int64_t j = 0; j < length; ++j) received[j] += s[j];
+      for (int64_t j = 0; j < row.length; ++j) received[j] += s[j];
   }
-  pv<C, GROUP>(p, scores, padded, v_cache, seq, kv_head, sums);
-  T* o = out + (seq * p.heads + kv_head * GROUP) * hd;
-  for (int64_t i = 0; i < GROUP * hd; ++i) o[i] = static_cast<T>(sums[i]);
+}
+
+// received_parts, if not null: a (rows, kv_heads, max_context) row per row and KV head to add to.
+template <typename T, typename C, int GROUP>
+void attend(const Problem& p, const T* q, const C* k_cache, const C* v_cache, const Item& item,
+            std::vector<float>& buffer, T* out, float* received_parts) {
+  const int64_t hd = p.head_dim, longest = p.lens[item.first_row + item.rows - 1];
+  const int64_t padded = (longest + kBlock - 1) / kBlock * kBlock, per_row = GROUP * (2 * hd + padded);
+  buffer.resize(item.rows * per_row);
+  Row rows[kItemRows];
+  for (int64_t r = 0; r < item.rows; ++r) {
+    const int64_t index = item.first_row + r;
+    float* start = buffer.data() + r * per_row;
+    rows[r] = {index, p.lens[index], start, start + GROUP * hd, start + 2 * GROUP * hd};
+    const T* q_rows = q + (index * p.heads + item.kv_head * GROUP) * hd;
+    for (int64_t i = 0; i < GROUP * hd; ++i) rows[r].query[i] = static_cast<float>(q_rows[i]) * p.scale;
+  }
+  const int64_t* table = p.tables + item.first_row * p.max_blocks;
+  qk<C, GROUP>(p, k_cache, table, item.kv_head, rows, item.rows, padded);
+  for (int64_t r = 0; r < item.rows; ++r) {
+    const int64_t part = rows[r].index * p.kv_heads + item.kv_head;
+    normalise<GROUP>(rows[r], padded, received_parts != nullptr ? received_parts + part * p.max_context : nullptr);
+  }
+  pv<C, GROUP>(p, v_cache, table, item.kv_head, rows, item.rows, padded);
+  for (int64_t r = 0; r < item.rows; ++r) {
+    T* o = out + (rows[r].index * p.heads + item.kv_head * GROUP) * hd;
+    for (int64_t i = 0; i < GROUP * hd; ++i) o[i] = static_cast<T>(rows[r].sums[i]);
+  }
+}
+
+// Work items: runs of consecutive rows with the same block table, by kItemRows, in rows of nondecreasing
+// length (a draft's rows see one more token each), times the KV heads.
+std::vector<Item> items_of(const Problem& p, int64_t rows) {
+  std::vector<Item> items;
+  for (int64_t row = 0; row < rows;) {
+    int64_t count = 1;
+    const int64_t* table = p.tables + row * p.max_blocks;
+    while (row + count < rows && count < kItemRows && p.lens[row + count] >= p.lens[row + count - 1] &&
+           std::equal(table, table + p.max_blocks, table + count * p.max_blocks))
+      ++count;
+    for (int64_t kv_head = 0; kv_head < p.kv_heads; ++kv_head) items.push_back({row, count, kv_head});
+    row += count;
+  }
+  return items;
 }
 
 template <typename T, typename C, int GROUP>
-void attend_all(const Problem& p, int64_t seqs, const T* q, const C* k_cache, const C* v_cache, T* out,
+void attend_all(const Problem& p, int64_t rows, const T* q, const C* k_cache, const C* v_cache, T* out,
                 float* received_parts) {
-  at::parallel_for(0, seqs * p.kv_heads, 1, [&](int64_t begin, int64_t end) {
+  const std::vector<Item> items = items_of(p, rows);
+  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> buffer;
-    for (int64_t item = begin; item < end; ++item) {
-      // Each KV head adds to a row of its own, summed over heads afterwards: no two threads share a row.
-      float* received = received_parts != nullptr ? received_parts + item * p.max_context : nullptr;
-      attend<T, C, GROUP>(p, q, k_cache, v_cache, item / p.kv_heads, item % p.kv_heads, buffer, out, received);
-    }
+    // Each row and KV head adds to a row of its own, summed over heads afterwards: no two threads share one.
+    for (int64_t i = begin; i < end; ++i)
+      attend<T, C, GROUP>(p, q, k_cache, v_cache, items[i], buffer, out, received_parts);
   });
 }
 

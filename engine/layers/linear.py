@@ -8,7 +8,9 @@ from engine.config import cpu_has_amx, cpu_has_bf16_units
 from engine.quantization import int8_linear, quantize_int8
 
 
-def max_kernel_rows(dtype: torch.dtype, quantized: bool = False, packed: bool = False) -> int:
+def max_kernel_rows(
+    dtype: torch.dtype, quantized: bool = False, packed: bool = False, amx_tiles: bool = False
+) -> int:
     """Up to how many rows our kernels beat torch's matrix product.  Without bf16 units (a 2-core AVX2
     machine) the few-row kernel won up to 64 rows over all of SmolLM2's layers (64 rows: 174 ms against
     256 ms).  Where the CPU has them, torch's products run on oneDNN's bf16 dot products and win from a
@@ -20,7 +22,11 @@ def max_kernel_rows(dtype: torch.dtype, quantized: bool = False, packed: bool = 
     Packed bf16 weights (packed_linear) beat torch at every size on AVX-512 BF16 units, but not where the
     CPU also has AMX tiles, which oneDNN uses: on a 2-core Sapphire Rapids class Xeon, the 30 layers took
     2.4 ms packed against oneDNN's 6.3 (with its weights reordered once, Linear.onednn) at 1 row, 5.6
-    against 6.1 at 4, 8.4 against 5.9 at 8, and 500 against 57 at 512."""
+    against 6.1 at 4, 8.4 against 5.9 at 8, and 500 against 57 at 512.  There packed_linear runs on the
+    AMX tiles instead where it can (amx_tiles), and beats oneDNN up to 64 rows: 10.4 ms against 15.2 at 32
+    rows, 13.6 against 18.3 at 64, 25.5 against 21.8 at 96."""
+    if amx_tiles:
+        return 64
     if packed:
         return 4 if cpu_has_amx() else sys.maxsize
     if not cpu_has_bf16_units():
@@ -34,14 +40,16 @@ class Linear(nn.Linear):
     """nn.Linear that sends its products to our C++ kernels where they are set.
 
     bf16 weights on a CPU with AVX-512 BF16 units are packed once for their pair dot products
-    (kernels/packed_linear_cpu.cpp), and products go there (on AMX machines only up to a few rows,
-    max_kernel_rows): on a 2-core AVX-512 BF16 machine, SmolLM2's 30 layers took the same time from 1 to 8
-    rows (5.4-6.8 ms, where the few-row kernel jumps from 5.6 ms at 3 rows to 13 ms at 4) and beat torch's
-    product up to a prefill chunk (32 rows 12.5 ms against 17.1; 512 rows 116 against 126).  The packed
-    copy costs the weights' bytes once more.
-    On AMX machines, products of more rows go to oneDNN with the weight reordered once into its blocked
-    layout, as vLLM's CPU build does, instead of torch's product, which reorders it on every call: the 30
-    layers took 7.3 ms against 11.6 at 32 rows and 27 against 34 at 256, though 57 against 51 at 512.
+    (kernels/packed_linear_cpu.cpp), and products go there (max_kernel_rows): on a 2-core AVX-512 BF16
+    machine, SmolLM2's 30 layers took the same time from 1 to 8 rows (5.4-6.8 ms, where the few-row kernel
+    jumps from 5.6 ms at 3 rows to 13 ms at 4) and beat torch's product up to a prefill chunk (32 rows 12.5
+    ms against 17.1; 512 rows 116 against 126).  The packed copy costs the weights' bytes once more.
+    Where the CPU also has AMX tiles, packed_linear runs on them: a product costs about one read of the
+    weights up to dozens of rows, and every row's sums depend on that row alone (as on the vector path),
+    so a decode step's rows are the same whatever the batch.  Products of more rows go to oneDNN with the
+    weight reordered once into its blocked layout, as vLLM's CPU build does, instead of torch's product,
+    which reorders it on every call: the 30 layers took 7.3 ms against 11.6 at 32 rows and 27 against 34
+    at 256, though 57 against 51 at 512.
     Elsewhere, a decode step's few rows go to the few-row kernel, bound by reading the weights, which
     torch's general product reads at about half the bandwidth for one row and slower for two to eight
     (kernels/few_rows_linear_cpu.cpp); more rows go to torch (max_kernel_rows).
@@ -64,8 +72,9 @@ class Linear(nn.Linear):
         self.packed = self.onednn = None
         if kernels is not None and self.weight.dtype == torch.bfloat16:
             self.pack_bf16(kernels)
-        quantized = self.weight_scale is not None
-        self.max_kernel_rows = max_kernel_rows(self.weight.dtype, quantized, self.packed is not None)
+        quantized, packed = self.weight_scale is not None, self.packed is not None
+        amx_tiles = packed and kernels.packed_linear_on_amx() and self.in_features % 32 == 0
+        self.max_kernel_rows = max_kernel_rows(self.weight.dtype, quantized, packed, amx_tiles)
 
     def pack_bf16(self, kernels) -> None:
         out_features, in_features = self.weight.shape

@@ -105,6 +105,38 @@ def test_decode_paths_match_plain_attention(heads, kv_heads, head_dim, dtype, kv
         torch.testing.assert_close(store, expected_store, atol=1e-5, rtol=tolerance)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_a_drafted_sequences_rows_read_together_keep_the_bits_of_each_row_alone(dtype, kv_cache_dtype):
+    """A step checking a draft has a row per draft token, with the sequence's table and one more token of
+    context each; the kernel reads the blocks once for several of them, and each row must still be what
+    it is alone (speculation keeps greedy replies exact only so)."""
+    kernels = cpu_kernels()
+    q, cache, meta = random_case(3, 9, 3, 64, 90, dtype, kv_cache_dtype)
+    drafts = [7, 0, 3]  # rows after each sequence's last token: more than one item's worth, none, a few
+    rows = [(seq, extra) for seq, count in enumerate(drafts) for extra in range(1 + count)]
+    # One more block each, for the draft tokens that spill past the sequence's last one.
+    tables = torch.cat([meta.decode_block_tables, torch.tensor([[len(cache.tensor[0]) - 1]] * 3)], dim=1)
+    meta.decode_block_tables = tables[[seq for seq, _ in rows]].contiguous()
+    meta.decode_context_lens = torch.tensor([int(meta.decode_context_lens[s]) + e for s, e in rows])
+    q = torch.randn(len(rows), 9, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
+    together = kernel_decode_attention(q, cache, meta, kernels)
+    expected, _ = plain_attention(q, cache, meta)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(together.float(), expected, atol=tolerance, rtol=tolerance)
+    for row in range(len(rows)):
+        alone = AttentionMetadata(
+            torch.empty(0),
+            torch.empty(0),
+            1,
+            meta.decode_block_tables[row : row + 1],
+            meta.decode_context_lens[row : row + 1],
+        )
+        assert torch.equal(
+            kernel_decode_attention(q[row : row + 1], cache, alone, kernels), together[row : row + 1]
+        )
+
+
 def plain_prefill(q, cache: LayerCache, block_ids, cached):
     """Each chunk position alone, with an explicit softmax over the tokens it may see, read one by one;
     also the probabilities of the last WINDOW positions summed over them and their heads."""
@@ -300,6 +332,19 @@ def test_packed_linear_matches_a_float32_product(rows, in_features, out_features
         assert got.dtype == torch.bfloat16 and got.shape == (rows, out_features)
         # float32 sums rounded once to bf16: within bf16's half-ulp of each result
         torch.testing.assert_close(got.float(), want.to(torch.bfloat16).float(), atol=1e-3, rtol=8e-3)
+
+
+@pytest.mark.skipif(not PACKED, reason="packed_linear needs a CPU with AVX-512 BF16 units")
+@pytest.mark.parametrize("in_features", [576, 48])  # on AMX tiles and, not a multiple of 32, on vectors
+def test_a_packed_products_row_has_the_same_bits_whatever_rows_share_the_call(in_features):
+    """Decode steps of any batch (up to max_kernel_rows) and drafted steps rely on it for exact replies."""
+    kernels = cpu_kernels()
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(70, in_features, generator=generator).to(torch.bfloat16)
+    packed = kernels.pack_bf16_weight(torch.randn(64, in_features, generator=generator).to(torch.bfloat16))
+    alone = torch.cat([kernels.packed_linear(x[row : row + 1], packed) for row in range(len(x))])
+    for rows in 5, 17, 32, 33, 70:
+        assert torch.equal(kernels.packed_linear(x[:rows], packed), alone[:rows])
 
 
 def test_packing_refuses_shapes_it_cannot_hold():

@@ -1,8 +1,10 @@
 """Sampling options: greedy with repetition penalty against transformers, seeds, top-k/top-p, stops."""
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
+from engine.sampler import argmax
 from engine.testing.oracle import reference_greedy, reference_model
 
 
@@ -93,3 +95,12 @@ def test_stop_strings_cut_the_text_and_stop_token_ids_stop(llm, france):
 def test_invalid_sampling_values_are_rejected(options, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**options)
+
+
+def test_the_fast_argmax_picks_the_first_of_equal_maxima_as_torch_argmax_does():
+    logits = torch.randn(6, 1000, generator=torch.Generator().manual_seed(0))
+    logits[1, [7, 500]] = 50.0
+    logits[2] = 1.0
+    logits[3, 900] = float("nan")  # torch's argmax and max both take a NaN as the maximum
+    assert torch.equal(argmax(logits), logits.argmax(dim=-1))
+    assert argmax(logits)[1] == 7 and argmax(logits)[2] == 0 and argmax(logits)[3] == 900

@@ -10,7 +10,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("few_rows_linear", &kvchat::few_rows_linear, "x @ weight.T + bias for a few rows of x (int8 weights: with scale)",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("scale") = py::none());
   m.def("packed_linear_available", &kvchat::packed_linear_available, "whether the CPU has AVX-512 BF16 units");
-  m.def("packed_linear_on_amx", &kvchat::packed_linear_on_amx, "whether packed_linear runs on AMX tiles");
+  m.def("packed_linear_on_amx", &kvchat::packed_linear_on_amx, "whether products of `in` inputs run on AMX tiles",
+        py::arg("in"));
   m.def("pack_bf16_weight", &kvchat::pack_bf16_weight, "a bf16 weight in packed_linear's layout");
   m.def("packed_linear", &kvchat::packed_linear, "x @ weight.T + bias on bf16 dot-product units",
         py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());

@@ -31,8 +31,8 @@ torch::Tensor few_rows_linear(torch::Tensor x, torch::Tensor weight, std::option
 // x @ weight.T + bias in bf16 on AVX-512 BF16 units, the weight packed once by pack_bf16_weight
 // (packed_linear_cpu.cpp); available only where the kernels were compiled for such a CPU.
 bool packed_linear_available();
-// Whether packed_linear runs on AMX tiles, for inputs a multiple of 32: compiled for them and lent by Linux.
-bool packed_linear_on_amx();
+// Whether packed_linear runs on AMX tiles for `in` inputs: a multiple of 32, compiled for them, lent by Linux.
+bool packed_linear_on_amx(int64_t in);
 torch::Tensor pack_bf16_weight(torch::Tensor weight);
 torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, std::optional<torch::Tensor> bias);
 

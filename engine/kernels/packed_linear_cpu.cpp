@@ -1,4 +1,4 @@
-// x @ weight.T + bias in bf16 for the dozens of rows of a batched decode step, on AVX-512 BF16 units.
+// x @ weight.T + bias in bf16 on AVX-512 BF16 units (and AMX tiles), for any number of rows.
 //
 // Between a few rows (few_rows_linear, bound by reading the weights) and a prefill chunk's hundreds
 // (torch's product, near the units' peak), torch's product fell to a third of the units' peak with the
@@ -7,7 +7,8 @@
 // holds 16 output columns times 2 consecutive inputs, the operand of the CPU's bf16 pair dot product
 // (vdpbf16ps): a pair of x's values is broadcast against it and 16 columns advance two inputs in one
 // instruction.  A work item is 32 output columns, whose packed weights are contiguous (the hardware
-// prefetcher streams them) and stay in L1 while every group of 8 rows passes over them.
+// prefetcher streams them) and stay in L1 while every group of 8 rows passes over them.  A row's sums
+// depend on that row alone, so a token's numbers do not depend on what shares its step.
 //
 // Where the CPU has AMX tiles (and `in` is a multiple of 32), the same packed weights feed them instead:
 // a tile multiply-add takes 16 rows by 32 inputs by 16 columns, so a product costs about what reading the
@@ -169,10 +170,11 @@ bool packed_linear_available() {
 #endif
 }
 
-bool packed_linear_on_amx() {
+bool packed_linear_on_amx(int64_t in) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  return amx_permitted();
+  return in % kTileInputs == 0 && amx_permitted();
 #else
+  (void)in;
   return false;
 #endif
 }
@@ -200,7 +202,7 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, std::optional
   const auto* weights = packed.data_ptr<c10::BFloat16>();
   auto* out_data = out.data_ptr<c10::BFloat16>();
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if (in % kTileInputs == 0 && amx_permitted()) {
+  if (packed_linear_on_amx(in)) {
     // A tiles read whole tiles of rows: pad x to them (the padding's sums are dropped).
     const int64_t padded = (rows + kTileRows - 1) / kTileRows * kTileRows;
     if (padded != rows) x = torch::cat({x, x.new_zeros({padded - rows, in})});

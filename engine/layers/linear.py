@@ -19,16 +19,16 @@ def max_kernel_rows(
     (25 ms against 31).  With int8 weights torch's product first widens them (~8 ms a step for SmolLM2), so
     ours wins up to 16 rows there (14 ms against 18; at 32 rows 46 against 26).
 
-    Packed bf16 weights (packed_linear) beat torch at every size on AVX-512 BF16 units, but not where the
-    CPU also has AMX tiles, which oneDNN uses: on a 2-core Sapphire Rapids class Xeon, the 30 layers took
-    2.4 ms packed against oneDNN's 6.3 (with its weights reordered once, Linear.onednn) at 1 row, 5.6
-    against 6.1 at 4, 8.4 against 5.9 at 8, and 500 against 57 at 512.  There packed_linear runs on the
-    AMX tiles instead where it can (amx_tiles), and beats oneDNN up to 64 rows: 10.4 ms against 15.2 at 32
-    rows, 13.6 against 18.3 at 64, 25.5 against 21.8 at 96."""
-    if amx_tiles:
-        return 64
+    Packed bf16 weights (packed_linear) beat torch at every size on AVX-512 BF16 units.  Where the CPU
+    also has AMX tiles, packed_linear runs on them (amx_tiles) and beats oneDNN (with its weights reordered
+    once, Linear.onednn) at every size too: on a 2-core Sapphire Rapids class Xeon, the 30 layers took
+    11.0 ms against 19.0 at 32 rows, 19.2 against 24.9 at 96, 66 against 80 at 512 and 150 against 156 at
+    1,024.  Its vector path does not: 8.4 ms against 5.9 at 8 rows and 500 against 57 at 512, so layers
+    whose inputs the tiles cannot take (not a multiple of 32) keep it for up to 4 rows there."""
+    if packed and (amx_tiles or not cpu_has_amx()):
+        return sys.maxsize
     if packed:
-        return 4 if cpu_has_amx() else sys.maxsize
+        return 4
     if not cpu_has_bf16_units():
         return 64
     if quantized:
@@ -45,11 +45,12 @@ class Linear(nn.Linear):
     jumps from 5.6 ms at 3 rows to 13 ms at 4) and beat torch's product up to a prefill chunk (32 rows 12.5
     ms against 17.1; 512 rows 116 against 126).  The packed copy costs the weights' bytes once more.
     Where the CPU also has AMX tiles, packed_linear runs on them: a product costs about one read of the
-    weights up to dozens of rows, and every row's sums depend on that row alone (as on the vector path),
-    so a decode step's rows are the same whatever the batch.  Products of more rows go to oneDNN with the
-    weight reordered once into its blocked layout, as vLLM's CPU build does, instead of torch's product,
-    which reorders it on every call: the 30 layers took 7.3 ms against 11.6 at 32 rows and 27 against 34
-    at 256, though 57 against 51 at 512.
+    weights up to dozens of rows and beats oneDNN at any size.  On either unit every row's sums depend on
+    that row alone, and every product of a layer goes there, so a token's numbers never depend on what
+    shares its step: a reply is the same alone or under load, in any prefill chunking, with speculation
+    on or off.  A layer the tiles cannot take (inputs not a multiple of 32) sends products of more than a
+    few rows to oneDNN, with the weight reordered once into its blocked layout, as vLLM's CPU build does,
+    instead of torch's product, which reorders it on every call.
     Elsewhere, a decode step's few rows go to the few-row kernel, bound by reading the weights, which
     torch's general product reads at about half the bandwidth for one row and slower for two to eight
     (kernels/few_rows_linear_cpu.cpp); more rows go to torch (max_kernel_rows).
@@ -70,19 +71,24 @@ class Linear(nn.Linear):
     def use_kernels(self, kernels) -> None:
         self.kernels = kernels
         self.packed = self.onednn = None
+        amx_tiles = False
         if kernels is not None and self.weight.dtype == torch.bfloat16:
-            self.pack_bf16(kernels)
+            amx_tiles = self.pack_bf16(kernels)
         quantized, packed = self.weight_scale is not None, self.packed is not None
-        amx_tiles = packed and kernels.packed_linear_on_amx() and self.in_features % 32 == 0
         self.max_kernel_rows = max_kernel_rows(self.weight.dtype, quantized, packed, amx_tiles)
 
-    def pack_bf16(self, kernels) -> None:
+    def pack_bf16(self, kernels) -> bool:
+        """Packs the weight where our kernels take it, else reorders it for oneDNN on AMX machines.
+        Returns whether products run on AMX tiles."""
         out_features, in_features = self.weight.shape
         weight = self.weight.detach()
         if out_features % 32 == 0 and in_features % 2 == 0 and kernels.packed_linear_available():
             self.packed = kernels.pack_bf16_weight(weight)
+            if kernels.packed_linear_on_amx(in_features):
+                return True
         if cpu_has_amx() and torch.backends.mkldnn.is_available():
             self.onednn = torch.ops.mkldnn._reorder_linear_weight(weight)
+        return False
 
     def kernel_weights(self):
         """This layer's weights as our C++ decode pass takes them."""

@@ -337,13 +337,14 @@ def test_packed_linear_matches_a_float32_product(rows, in_features, out_features
 @pytest.mark.skipif(not PACKED, reason="packed_linear needs a CPU with AVX-512 BF16 units")
 @pytest.mark.parametrize("in_features", [576, 48])  # on AMX tiles and, not a multiple of 32, on vectors
 def test_a_packed_products_row_has_the_same_bits_whatever_rows_share_the_call(in_features):
-    """Decode steps of any batch (up to max_kernel_rows) and drafted steps rely on it for exact replies."""
+    """Steps of any batch, prefill chunks cut anywhere and drafted steps rely on it for replies that do not
+    depend on what shares their steps."""
     kernels = cpu_kernels()
     generator = torch.Generator().manual_seed(3)
-    x = torch.randn(70, in_features, generator=generator).to(torch.bfloat16)
+    x = torch.randn(300, in_features, generator=generator).to(torch.bfloat16)
     packed = kernels.pack_bf16_weight(torch.randn(64, in_features, generator=generator).to(torch.bfloat16))
     alone = torch.cat([kernels.packed_linear(x[row : row + 1], packed) for row in range(len(x))])
-    for rows in 5, 17, 32, 33, 70:
+    for rows in 5, 17, 32, 33, 70, 130, 300:
         assert torch.equal(kernels.packed_linear(x[:rows], packed), alone[:rows])
 
 

@@ -1,0 +1,84 @@
+"""Where every product of a bf16 model runs on our packed kernels (a CPU with AVX-512 BF16 or AMX units),
+each row's sums depend on that row alone, so a request's logits have the same bits whatever shares its
+steps: other requests, prefill chunks cut elsewhere, speculative drafts.  Greedy replies then do not
+depend on load.  (Elsewhere bf16 products round differently by batch size, as torch's and vLLM's do.)"""
+
+import sys
+
+import pytest
+import torch
+
+from engine import SamplingParams
+from engine.config import EngineConfig
+from engine.kernels import cpu_kernels
+from engine.layers.linear import Linear
+from engine.llm_engine import LLMEngine
+
+pytestmark = pytest.mark.skipif(
+    cpu_kernels() is None or not cpu_kernels().packed_linear_available(),
+    reason="row-independent bf16 products need a CPU with AVX-512 BF16 units",
+)
+
+PROMPTS = [
+    "Summarise the delivery terms: parcels ship within two days and arrive within a week. " * 3,
+    "List three ways to keep a kettle free of limescale.",
+    "请用两句话介绍一下长城的历史。",
+]
+
+
+def bf16_engine(model_dir, **options) -> LLMEngine:
+    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="bfloat16", num_kv_blocks=128, **options))
+    linears = [m for m in engine.runner.model.modules() if isinstance(m, Linear)]
+    assert all(m.max_kernel_rows == sys.maxsize for m in linears)
+    return engine
+
+
+def logits_of(engine: LLMEngine, request_id: str) -> dict[int, torch.Tensor]:
+    """The logits each step samples `request_id`'s next token from, by the position they predict."""
+    recorded, emit = {}, engine.runner.emit
+
+    def recording(samplers, logits, meta):
+        row = 0
+        for _, item in samplers:
+            if item.seq.request_id == request_id:
+                recorded[item.seq.num_tokens] = logits[row].clone()
+            row += 1 + len(item.draft_token_ids)
+        return emit(samplers, logits, meta)
+
+    engine.runner.emit = recording
+    return recorded
+
+
+def run(engine: LLMEngine, requests: dict[str, str], max_tokens: int) -> dict[str, list[int]]:
+    for request_id, prompt in requests.items():
+        engine.add_request(request_id, prompt, SamplingParams(temperature=0, max_tokens=max_tokens))
+    tokens = {request_id: [] for request_id in requests}
+    while engine.has_unfinished_requests():
+        for update in engine.step():
+            tokens[update.seq.request_id] += update.new_token_ids
+    return tokens
+
+
+def test_a_requests_logits_keep_their_bits_beside_others_and_in_other_chunks(smollm2_dir):
+    prompt = "Tell me about the order A-7731-Q for the Nordic Steel Kettle. " * 4
+    alone_engine = bf16_engine(smollm2_dir)
+    alone = logits_of(alone_engine, "r")
+    reply = run(alone_engine, {"r": prompt}, 24)["r"]
+
+    # A 40-token budget cuts r's prefill into chunks that share steps with the others' decodes.
+    busy_engine = bf16_engine(smollm2_dir, max_num_batched_tokens=40)
+    busy = logits_of(busy_engine, "r")
+    others = {f"other-{i}": text for i, text in enumerate(PROMPTS)}
+    replies = run(busy_engine, {**others, "r": prompt}, 24)
+
+    assert replies["r"] == reply
+    assert busy.keys() == alone.keys() and len(alone) == 24
+    assert all(torch.equal(busy[position], alone[position]) for position in alone)
+
+
+def test_greedy_replies_keep_their_bits_with_speculation_under_load(smollm2_dir):
+    requests = {f"r-{i}": text for i, text in enumerate(PROMPTS)}
+    off = run(bf16_engine(smollm2_dir), requests, 32)
+    engine = bf16_engine(smollm2_dir, speculative="ngram", max_num_batched_tokens=40)
+    assert run(engine, requests, 32) == off
+    assert engine.stats().spec_accepted_tokens > 0

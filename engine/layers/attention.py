@@ -4,7 +4,10 @@ New keys and values are written to their slots first; then every query reads its
 values through the sequence's block table.  Single-token queries (decodes) of all sequences go through
 one batched call; each multi-token prefill chunk gets its own call, large enough to amortise.  On the CPU
 both are our C++ kernels, which read the blocks in place; elsewhere, gathered blocks and torch's SDPA.
-CPUs with AMX tiles are the exception for large prefill chunks (prefill_attention_for).
+Our prefill kernel computes a row to the same bits however its prompt is cut into chunks, which torch's
+SDPA does not (its softmax runs over key blocks sized by the call), so the CPU keeps it for every chunk
+even where SDPA is faster (AMX tiles: 512 rows over 1,024 tokens took 2.6 ms against our 6.5, about 8 %
+of a prefill-only run of bench.throughput's offline prompts): a reply does not depend on load.
 
 Layout of one layer's cache, (2, blocks, kv_heads, block_size * head_dim): keys are stored transposed
 per block, (head_dim, block_size), values as (block_size, head_dim); see kernels/paged_attention_cpu.cpp.
@@ -18,7 +21,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from engine.config import cpu_has_amx
 from engine.layers.importance import WINDOW, ImportanceTracker, window_attention_received
 from engine.quantization import quantize_int8
 
@@ -118,35 +120,16 @@ def paged_attention(q, k, v, cache: LayerCache, meta: AttentionMetadata, kernels
         cache.write(k, v, meta)
     decodes = meta.num_decode_tokens
     attend = kernel_decode_attention if kernels is not None else torch_decode_attention
+    prefill = kernel_prefill_attention if kernels is not None else torch_prefill_attention
     if not meta.prefills:  # a pure decode step: nothing to assemble
         return attend(q, cache, meta, kernels)
     out = torch.empty_like(q)
     if decodes:
         out[:decodes] = attend(q[:decodes], cache, meta, kernels)
     for index, chunk in enumerate(meta.prefills):
-        prefill = prefill_attention_for(chunk, cache, kernels)
         rows = slice(chunk.start, chunk.end)
         out[rows] = prefill(q[rows], k[rows], v[rows], cache, chunk, index, meta.importance, kernels)
     return out
-
-
-# Scores (chunk rows x context) from which torch's SDPA, on AMX tiles through oneDNN, beats our AVX-512
-# BF16 kernel despite gathering the blocks first: on a 2-core Sapphire Rapids class Xeon, SmolLM2's heads,
-# 64 rows over 364 tokens took 0.32 ms against 0.38, 512 over 1,024 2.6 ms against 6.5; 100 rows over 100
-# took 0.19 against 0.15.
-AMX_SDPA_MIN_SCORES = 16_384
-
-
-def prefill_attention_for(chunk: PrefillChunk, cache: LayerCache, kernels):
-    """Our kernel where it is set, except for large chunks of a bf16 cache on AMX machines (in float32,
-    where AMX does not serve, ours stayed ahead: 512 rows over 1,024 took 6.4 ms against SDPA's 7.5).  An
-    int8 cache always stays with the kernel, which reads it without a float copy."""
-    if kernels is None:
-        return torch_prefill_attention
-    large = (chunk.end - chunk.start) * chunk.context >= AMX_SDPA_MIN_SCORES
-    if large and cache.tensor.dtype == torch.bfloat16 and cpu_has_amx():
-        return torch_prefill_attention
-    return kernel_prefill_attention
 
 
 def kernel_decode_attention(q, cache: LayerCache, meta: AttentionMetadata, kernels) -> torch.Tensor:

@@ -59,20 +59,21 @@ def run(engine: LLMEngine, requests: dict[str, str], max_tokens: int) -> dict[st
     return tokens
 
 
-def test_a_requests_logits_keep_their_bits_beside_others_and_in_other_chunks(smollm2_dir):
-    prompt = "Tell me about the order A-7731-Q for the Nordic Steel Kettle. " * 4
+@pytest.mark.parametrize("repeats", [4, 22])  # about 60 and 570 prompt tokens
+def test_a_requests_logits_keep_their_bits_beside_others_and_in_other_chunks(smollm2_dir, repeats):
+    prompt = "Tell me about the order A-7731-Q for the Nordic Steel Kettle, shipped on Monday. " * repeats
     alone_engine = bf16_engine(smollm2_dir)
     alone = logits_of(alone_engine, "r")
-    reply = run(alone_engine, {"r": prompt}, 24)["r"]
+    reply = run(alone_engine, {"r": prompt}, 16)["r"]
 
     # A 40-token budget cuts r's prefill into chunks that share steps with the others' decodes.
     busy_engine = bf16_engine(smollm2_dir, max_num_batched_tokens=40)
     busy = logits_of(busy_engine, "r")
     others = {f"other-{i}": text for i, text in enumerate(PROMPTS)}
-    replies = run(busy_engine, {**others, "r": prompt}, 24)
+    replies = run(busy_engine, {**others, "r": prompt}, 16)
 
     assert replies["r"] == reply
-    assert busy.keys() == alone.keys() and len(alone) == 24
+    assert busy.keys() == alone.keys() and len(alone) == 16
     assert all(torch.equal(busy[position], alone[position]) for position in alone)
 
 

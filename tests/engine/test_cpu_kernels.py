@@ -9,14 +9,12 @@ from transformers import LlamaConfig
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.kernels import cpu_kernels
-from engine.layers import attention
 from engine.layers.attention import (
     AttentionMetadata,
     LayerCache,
     PrefillChunk,
     kernel_decode_attention,
     kernel_prefill_attention,
-    prefill_attention_for,
     torch_decode_attention,
     torch_prefill_attention,
 )
@@ -195,26 +193,6 @@ def test_prefill_paths_match_plain_attention(heads, kv_heads, head_dim, chunk, c
         slots = tracker.slots_of(block_ids, context)
         torch.testing.assert_close(store[slots], expected_received, atol=1e-5, rtol=tolerance)
         assert store.sum() == pytest.approx(store[slots].sum())  # nothing outside the context
-
-
-@pytest.mark.parametrize("amx", [False, True])
-def test_only_large_bf16_prefill_chunks_on_amx_go_to_sdpa(monkeypatch, amx):
-    monkeypatch.setattr(attention, "cpu_has_amx", lambda: amx)
-    kernels = cpu_kernels()
-
-    def path(rows, cached, dtype, kernels=kernels):
-        tensor = torch.zeros(2, 1, 1, BLOCK * 64, dtype=dtype)
-        scales = torch.ones(2, 1, 1, BLOCK) if dtype == torch.int8 else None
-        chunk = PrefillChunk(0, rows, torch.arange(1), cached)
-        return prefill_attention_for(chunk, LayerCache(tensor, scales, 64), kernels)
-
-    large_bf16 = torch_prefill_attention if amx else kernel_prefill_attention
-    assert path(512, 512, torch.bfloat16) is large_bf16
-    assert path(64, 300, torch.bfloat16) is large_bf16  # 23,000 scores
-    assert path(100, 0, torch.bfloat16) is kernel_prefill_attention  # 10,000 scores
-    assert path(512, 512, torch.float32) is kernel_prefill_attention
-    assert path(512, 512, torch.int8) is kernel_prefill_attention  # read in place, never copied to float
-    assert path(5, 0, torch.float32, kernels=None) is torch_prefill_attention
 
 
 @pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())

@@ -5,8 +5,9 @@
 // the block tables.  A work item is a KV head and up to four rows of one sequence (a step checking a
 // draft has a row per draft token, and each block is read once for all of them, not once a row: a
 // 4-sequence step with drafts of 6 at 600 tokens took 10.0 ms instead of 10.8 for SmolLM2's 30 layers on
-// a 2-core AMX Xeon, little because the rows' arithmetic, not the reads, bounds it there).  Its scores for the query heads sharing the KV head (GROUP, a compile-time constant so their
-// accumulators stay in registers) go to a per-thread buffer that stays in L1, become probabilities there
+// a 2-core AMX Xeon, little because the rows' arithmetic, not the reads, bounds it there).  Its scores
+// for the query heads sharing the KV head (GROUP, a compile-time constant so their accumulators stay in
+// registers) go to a per-thread buffer that stays in L1, become probabilities there
 // (normalised before p.v, as transformers does: dividing the sums afterwards parted an int8-KV session
 // from its oracle at a 0.11 logit margin), and multiply the values.  One parallel region per layer, no
 // scores tensor (two kernels and torch's softmax between them took three regions and 3-4x this time at 32

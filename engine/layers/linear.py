@@ -25,10 +25,8 @@ def max_kernel_rows(
     11.0 ms against 19.0 at 32 rows, 19.2 against 24.9 at 96, 66 against 80 at 512 and 150 against 156 at
     1,024.  Its vector path does not: 8.4 ms against 5.9 at 8 rows and 500 against 57 at 512, so layers
     whose inputs the tiles cannot take (not a multiple of 32) keep it for up to 4 rows there."""
-    if packed and (amx_tiles or not cpu_has_amx()):
-        return sys.maxsize
     if packed:
-        return 4
+        return sys.maxsize if amx_tiles or not cpu_has_amx() else 4
     if not cpu_has_bf16_units():
         return 64
     if quantized:

@@ -19,6 +19,7 @@
 // The products accumulate in float32 and are rounded to bf16 once, as torch's are.
 #include <ATen/Parallel.h>
 
+#include "amx.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -66,40 +67,14 @@ void tile(const c10::BFloat16* x, const c10::BFloat16* panels, const float* bias
 #endif
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#include <sys/syscall.h>
-#include <unistd.h>
-
 namespace {
 
-// AMX: a C tile holds 16 rows by 16 columns of float32 sums; an A tile 16 rows of x by 32 inputs; a
-// B tile 16 input pairs of one panel, which is exactly the packed layout's next 1 KB (16 pairs x 16 columns
-// x 2).  Each sum of C depends on its row of A alone, so a row gets the same bits whatever rows share the
-// call: a decode step's rows do not depend on the batch, and a drafted step's rows equal the plain step's.
-constexpr int64_t kTileRows = 16;
-constexpr int64_t kTileInputs = 32;
+// An A tile holds 16 rows of x by 32 inputs; a B tile 16 input pairs of one panel, which is exactly the
+// packed layout's next 1 KB (16 pairs x 16 columns x 2).  Each sum of C depends on its row of A alone
+// (amx.h), so a decode step's rows do not depend on the batch, and a drafted step's rows equal the plain
+// step's.  Tiles 0-3: C for (row tile, panel) 00, 01, 10, 11; 4-5: A for row tiles 0 and 1; 6-7: B for
+// panels 0, 1.
 constexpr int64_t kBlockRows = 2 * kTileRows;  // rows per pass over an item's weights: 4 C tiles
-
-// Linux lends a process AMX's tile data only on request (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA).
-bool amx_permitted() {
-  static const bool permitted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  return permitted;
-}
-
-struct TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Tiles 0-3: C for (row tile, panel) 00, 01, 10, 11; 4-5: A for row tiles 0 and 1; 6-7: B for panels 0, 1.
-void configure_tiles() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.bytes_per_row[t] = 64;
-    config.rows[t] = kTileRows;
-  }
-  _tile_loadconfig(&config);
-}
 
 // sums (kBlockRows, 2 * kPanel) = x rows [0, kBlockRows) . the item's two panels; x has that many rows
 // (padded), or kTileRows where `one_tile`.
@@ -155,7 +130,7 @@ void amx_linear(const c10::BFloat16* x, int64_t rows, int64_t in, const c10::BFl
         store_rows(sums, count, bias, out + r * out_features, out_features, column);
       }
     }
-    _tile_release();
+    release_tiles();
   });
 }
 

@@ -10,6 +10,7 @@
 // value elements (p.v): 12 accumulators, what AVX2's 16 registers hold beside the operands.  Where the
 // CPU has AVX-512 BF16, bf16 queries over a bf16 cache take its pair dot products instead
 // (prefill_tiles_bf16.h), 12 rows at a time: a prefill step's attention took a third of the step.
+// Where it also has AMX tiles, the two products run on them (prefill_tiles_amx.h), 32 rows per item.
 //
 // The probabilities exist here anyway, so the kernel also sums those of the chunk's last `window`
 // positions over rows and heads: the attention each token received, which session eviction keeps tokens
@@ -30,6 +31,7 @@
 
 #include "kernels.h"
 #include "kv_types.h"
+#include "prefill_tiles_amx.h"
 #include "prefill_tiles_bf16.h"
 #include "simd.h"
 
@@ -41,7 +43,11 @@ constexpr int kRows = 6;        // rows per register tile
 constexpr int kRowsBf16 = 12;   // for the bf16 products, whose 32 registers hold twice as many
 template <typename T, typename C>
 constexpr int kRegisterRows = kDotBf16<T, C> ? kRowsBf16 : kRows;
-constexpr int64_t kTileRows = 24;  // rows per work item: the key and value blocks stay in L1 across them
+constexpr int64_t kItemRows = 24;  // rows per work item: the key and value blocks stay in L1 across them
+constexpr int64_t kAmxItemRows = 32;  // on AMX: two tiles of rows
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define KVCHAT_AMX_ATTENTION 1
+#endif
 constexpr int64_t kSpanBlocks = 8;  // value blocks one pass of p.v keeps its accumulators in registers over
 
 struct Problem {
@@ -49,6 +55,7 @@ struct Problem {
   float scale;
   int64_t window, positions_per_tile, tiles, window_tiles;  // window_tiles: the last tiles, which hold it
   const float *k_scales, *v_scales;                         // an int8 cache's, else nullptr
+  bool amx;                                                 // the bf16 products run on AMX tiles
 };
 
 // Keeps v in a register: without it GCC reads an operand shared by all rows from L1 once per row, as
@@ -126,16 +133,18 @@ void gather_scales(const float* scales, const int64_t* table, int64_t kv_heads, 
 
 // A tile's working memory in a per-thread buffer: its rows' queries, output sums, scores (then
 // probabilities), softmax sums, an int8 cache's scales in token order and, for the bf16 products, the
-// probabilities rounded to bf16.
+// probabilities rounded to bf16; on AMX, the keys of a block and the context's values in pairs.
 struct TileBuffers {
   float *queries, *outputs, *scores, *sums, *key_scales, *value_scales;
-  c10::BFloat16* probabilities;
+  c10::BFloat16 *probabilities, *key_pairs, *value_pairs;
 
-  TileBuffers(std::vector<float>& buffer, int64_t rows, int64_t head_dim, int64_t padded) {
-    buffer.resize(rows * (2 * head_dim + padded + padded / 2 + 1) + 2 * padded);
+  TileBuffers(std::vector<float>& buffer, int64_t rows, int64_t head_dim, int64_t padded, bool amx) {
+    const int64_t pairs = amx ? (kBlock + padded) * head_dim / 2 : 0;
+    buffer.resize(rows * (2 * head_dim + padded + padded / 2 + 1) + 2 * padded + pairs);
     queries = buffer.data(), outputs = queries + rows * head_dim, scores = outputs + rows * head_dim;
     sums = scores + rows * padded, key_scales = sums + rows, value_scales = key_scales + padded;
     probabilities = reinterpret_cast<c10::BFloat16*>(value_scales + padded);
+    key_pairs = probabilities + rows * padded, value_pairs = key_pairs + kBlock * head_dim;
   }
 };
 
@@ -153,12 +162,50 @@ void gather_queries(const Problem& p, const T* q, int64_t kv_head, int64_t first
   }
 }
 
+#ifdef KVCHAT_AMX_ATTENTION
+// tile_scores on AMX tiles, 16 rows at a time (the rows are padded to 16; the padding's scores go unused).
+template <typename Length>
+void amx_scores(const Problem& p, const c10::BFloat16* k_cache, const int64_t* table, int64_t kv_head,
+                int64_t rows, int64_t context, int64_t padded, const TileBuffers& tile, Length length_of) {
+  const int64_t hd = p.head_dim;
+  const auto* queries = reinterpret_cast<const c10::BFloat16*>(tile.queries);
+  for (int64_t start = 0, b = 0; start < context; start += kBlock, ++b) {
+    pair_keys(k_cache + (table[b] * p.kv_heads + kv_head) * hd * kBlock, hd, tile.key_pairs);
+    for (int64_t r0 = 0; r0 < rows; r0 += kTileRows)
+      if (start < length_of(std::min(r0 + kTileRows, rows) - 1))
+        qk_tile(queries + r0 * hd, hd, tile.key_pairs, tile.scores + r0 * padded + start, padded);
+  }
+}
+
+// tile_values on AMX tiles: the context's values paired once, then 16 rows at a time over the tokens up
+// to the last row's length, rounded up to 32 (the probabilities past a row's length are zeros).
+template <typename Length>
+void amx_values(const Problem& p, const c10::BFloat16* v_cache, const int64_t* table, int64_t kv_head,
+                int64_t rows, int64_t context, int64_t padded, const TileBuffers& tile, Length length_of) {
+  const int64_t hd = p.head_dim;
+  auto block_of = [&](int64_t b) { return v_cache + (table[b] * p.kv_heads + kv_head) * kBlock * hd; };
+  pair_values(block_of, context, hd, tile.value_pairs);
+  for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+    const int64_t length = length_of(std::min(r0 + kTileRows, rows) - 1);
+    const int64_t tokens = (length + kPairedTokens - 1) / kPairedTokens * kPairedTokens;
+    for (int64_t d0 = 0; d0 < hd; d0 += kAmxColumns)
+      pv_tile(tile.probabilities + r0 * padded, padded, tile.value_pairs, hd, d0, tokens, tile.outputs + r0 * hd);
+  }
+}
+#endif
+
 // scores[row][0:length of the last row of its register tile] = q.k over the context's blocks.
 template <typename T, typename C, typename Length>
 void tile_scores(const Problem& p, const C* k_cache, const int64_t* table, int64_t kv_head, int64_t rows,
-                 int64_t context, int64_t padded, const float* queries, float* scores, Length length_of) {
+                 int64_t context, int64_t padded, const TileBuffers& tile, Length length_of) {
+#ifdef KVCHAT_AMX_ATTENTION
+  if constexpr (kDotBf16<T, C>)
+    if (p.amx) return amx_scores(p, k_cache, table, kv_head, rows, context, padded, tile, length_of);
+#endif
   constexpr int R = kRegisterRows<T, C>;
   const int64_t hd = p.head_dim;
+  const float* queries = tile.queries;
+  float* scores = tile.scores;
   for (int64_t start = 0, b = 0; start < context; start += kBlock, ++b) {
     const C* keys = k_cache + (table[b] * p.kv_heads + kv_head) * hd * kBlock;
     for (int64_t r0 = 0; r0 < rows; r0 += R) {
@@ -181,6 +228,10 @@ void tile_scores(const Problem& p, const C* k_cache, const int64_t* table, int64
 template <typename T, typename C, typename Length>
 void tile_values(const Problem& p, const C* v_cache, const int64_t* table, int64_t kv_head, int64_t rows,
                  int64_t context, int64_t padded, const TileBuffers& tile, Length length_of) {
+#ifdef KVCHAT_AMX_ATTENTION
+  if constexpr (kDotBf16<T, C>)
+    if (p.amx) return amx_values(p, v_cache, table, kv_head, rows, context, padded, tile, length_of);
+#endif
   constexpr int R = kRegisterRows<T, C>;
   constexpr int64_t kWidth = kDotBf16<T, C> ? 32 : 2 * kLanes;  // output elements per pass
   const int64_t hd = p.head_dim;
@@ -213,8 +264,10 @@ void attend_tile(const Problem& p, const T* q, const C* k_cache, const C* v_cach
                  int64_t kv_head, int64_t first, int64_t last, std::vector<float>& buffer, T* out,
                  float* received) {
   const int64_t rows = (last - first) * p.group, hd = p.head_dim;
-  const int64_t context = p.cached + last, padded = (context + kBlock - 1) / kBlock * kBlock;
-  const TileBuffers tile(buffer, rows, hd, padded);
+  // AMX takes whole tiles: 16 rows, 32 tokens of probabilities.
+  const int64_t row_step = p.amx ? kTileRows : 1, token_step = p.amx ? 2 * kBlock : kBlock;
+  const int64_t context = p.cached + last, padded = (context + token_step - 1) / token_step * token_step;
+  const TileBuffers tile(buffer, (rows + row_step - 1) / row_step * row_step, hd, padded, p.amx);
   const bool int8 = p.k_scales != nullptr;
   if (int8) {
     gather_scales(p.k_scales, table, p.kv_heads, kv_head, padded, tile.key_scales);
@@ -222,7 +275,7 @@ void attend_tile(const Problem& p, const T* q, const C* k_cache, const C* v_cach
   }
   auto length_of = [&](int64_t row) { return p.cached + first + row / p.group + 1; };
   gather_queries<T, C>(p, q, kv_head, first, rows, tile.queries);
-  tile_scores<T, C>(p, k_cache, table, kv_head, rows, context, padded, tile.queries, tile.scores, length_of);
+  tile_scores<T, C>(p, k_cache, table, kv_head, rows, context, padded, tile, length_of);
   for (int64_t row = 0; row < rows; ++row) {
     float* s = tile.scores + row * padded;
     if (int8) scale_row(s, tile.key_scales, length_of(row));
@@ -248,6 +301,7 @@ void attend(const Problem& p, const T* q, const C* k_cache, const C* v_cache, co
   // Threads take contiguous ranges of items; ordering the tiles first, last, second, second to last...
   // gives each thread a fair share of the causal work, which grows with the position.
   at::parallel_for(0, p.tiles * p.kv_heads, 1, [&](int64_t begin, int64_t end) {
+    if (p.amx) configure_tiles();
     std::vector<float> buffer;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t order = item / p.kv_heads, kv_head = item % p.kv_heads;
@@ -261,7 +315,19 @@ void attend(const Problem& p, const T* q, const C* k_cache, const C* v_cache, co
           window_tile >= 0 ? received + (kv_head * p.window_tiles + window_tile) * p.context : nullptr;
       attend_tile(p, q, k_cache, v_cache, table, kv_head, first, last, buffer, out, item_received);
     }
+    if (p.amx) release_tiles();
   });
+}
+
+// Whether the bf16 products run on AMX tiles: bf16 queries over a bf16 cache, head_dim a multiple of
+// their four C tiles' 64 columns, compiled for them and lent by Linux.
+bool runs_on_amx(const torch::Tensor& q, const torch::Tensor& k_cache) {
+#ifdef KVCHAT_AMX_ATTENTION
+  return q.scalar_type() == torch::kBFloat16 && k_cache.scalar_type() == torch::kBFloat16 &&
+         q.size(2) % kAmxColumns == 0 && amx_permitted();
+#else
+  return false;
+#endif
 }
 
 }  // namespace
@@ -282,13 +348,16 @@ std::tuple<torch::Tensor, torch::Tensor> paged_prefill_attention(
               "block_table: 1-d int64");
   const int64_t context = cached + chunk;
   TORCH_CHECK(cached >= 0 && block_table.size(0) * kBlock >= context, "the block table is too short");
-  const int64_t group = heads / kv_heads, positions_per_tile = std::max<int64_t>(1, kTileRows / group);
+  const bool amx = runs_on_amx(q, k_cache);
+  const int64_t group = heads / kv_heads;
+  const int64_t positions_per_tile = std::max<int64_t>(1, (amx ? kAmxItemRows : kItemRows) / group);
   const int64_t tiles = (chunk + positions_per_tile - 1) / positions_per_tile;
   const int64_t window_tiles =
       window > 0 ? tiles - std::max<int64_t>(0, chunk - window) / positions_per_tile : 0;
   const Problem p{chunk,    heads,  kv_heads,          group,        head_dim,
                   cached,   context, q.stride(0),      static_cast<float>(scale), window,
-                  positions_per_tile, tiles, window_tiles, kv_scales(k_cache, k_scales), kv_scales(v_cache, v_scales)};
+                  positions_per_tile, tiles, window_tiles, kv_scales(k_cache, k_scales), kv_scales(v_cache, v_scales),
+                  amx};
   auto out = torch::empty({chunk, heads, head_dim}, q.options().memory_format(at::MemoryFormat::Contiguous));
   auto received = torch::zeros({kv_heads * window_tiles, context}, q.options().dtype(torch::kFloat));
   dispatch_kv(q.scalar_type(), k_cache, "paged_prefill_attention", [&](auto t, auto c) {

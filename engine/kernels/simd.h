@@ -144,30 +144,30 @@ inline vwide load_wide<int8_t>(const int8_t* source) {
 #endif
 }
 
-typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
+typedef int32_t vwide_int __attribute__((vector_size(kWideLanes * sizeof(int32_t))));
 
-inline vfloat splat(float x) { return vfloat{} + x; }
+inline vwide splat_wide(float x) { return vwide{} + x; }
 
 // e^x for x <= 0 (softmax after subtracting the row maximum), within 2 ulp of std::exp; exactly 0 below
 // -87, where float32's normal range ends, so masked (-inf) scores get no weight at all.
-inline vfloat exp_lanes(vfloat x) {
-  const vint underflow = x < splat(-87.0f);
-  x = underflow ? splat(-87.0f) : x;
+inline vwide exp_wide(vwide x) {
+  const vwide_int underflow = x < splat_wide(-87.0f);
+  x = underflow ? splat_wide(-87.0f) : x;
   // x = n ln2 + r with |r| <= ln2 / 2; the constant rounds x / ln2 to the nearest integer.
-  const vfloat round = splat(12582912.0f);  // 1.5 * 2^23
-  const vfloat n = (x * splat(1.44269504f) + round) - round;
-  const vfloat r = (x - n * splat(0.693359375f)) + n * splat(2.12194440e-4f);
+  const vwide round = splat_wide(12582912.0f);  // 1.5 * 2^23
+  const vwide n = (x * splat_wide(1.44269504f) + round) - round;
+  const vwide r = (x - n * splat_wide(0.693359375f)) + n * splat_wide(2.12194440e-4f);
   // Cephes' expf polynomial for e^r.
-  vfloat p = splat(1.9875691500e-4f);
-  p = p * r + splat(1.3981999507e-3f);
-  p = p * r + splat(8.3334519073e-3f);
-  p = p * r + splat(4.1665795894e-2f);
-  p = p * r + splat(1.6666665459e-1f);
-  p = p * r + splat(5.0000001201e-1f);
-  p = p * r * r + r + splat(1.0f);
-  const vint two_to_n = (__builtin_convertvector(n, vint) + 127) << 23;  // a float's exponent bits
-  const vfloat result = p * (vfloat)two_to_n;  // a cast between vector types keeps the bits
-  return (vfloat)((vint)result & ~underflow);
+  vwide p = splat_wide(1.9875691500e-4f);
+  p = p * r + splat_wide(1.3981999507e-3f);
+  p = p * r + splat_wide(8.3334519073e-3f);
+  p = p * r + splat_wide(4.1665795894e-2f);
+  p = p * r + splat_wide(1.6666665459e-1f);
+  p = p * r + splat_wide(5.0000001201e-1f);
+  p = p * r * r + r + splat_wide(1.0f);
+  const vwide_int two_to_n = (__builtin_convertvector(n, vwide_int) + 127) << 23;  // a float's exponent bits
+  const vwide result = p * (vwide)two_to_n;  // a cast between vector types keeps the bits
+  return (vwide)((vwide_int)result & ~underflow);
 }
 
 // Calls fn(std::integral_constant<int, n>) with n clamped to [1, MAX], so that a count known only at run
@@ -190,28 +190,40 @@ inline float horizontal_sum(vfloat v) {
 
 // exp(s - max) in place over s[0:length], and 0 in s[length:padded]; returns the sum, by which the
 // caller divides the few products that need normalised probabilities rather than every probability.
+// In the widest vectors, with four running maxima: one waited on each comparison before the next, and
+// with 8 lanes the softmax took most of prefill attention's time once its products ran on AMX tiles.
 inline float softmax_numerators(float* s, int64_t length, int64_t padded) {
-  const int64_t whole = length / kLanes * kLanes;
-  vfloat tail = splat(-INFINITY);  // past `length`: exp gives exactly 0
+  constexpr int kMaxima = 4;
+  const int64_t whole = length / kWideLanes * kWideLanes;
+  vwide tail = splat_wide(-INFINITY);  // past `length`: exp gives exactly 0
   std::memcpy(&tail, s + whole, (length - whole) * sizeof(float));
-  vfloat top = tail;
-  for (int64_t j = 0; j < whole; j += kLanes) {
-    const vfloat v = load_lanes(s + j);
-    top = v > top ? v : top;
+  vwide top[kMaxima] = {tail, tail, tail, tail};
+  int64_t j = 0;
+  for (; j + kMaxima * kWideLanes <= whole; j += kMaxima * kWideLanes)
+    for (int i = 0; i < kMaxima; ++i) {
+      const vwide v = load_wide(s + j + i * kWideLanes);
+      top[i] = v > top[i] ? v : top[i];
+    }
+  for (; j < whole; j += kWideLanes) {
+    const vwide v = load_wide(s + j);
+    top[0] = v > top[0] ? v : top[0];
   }
+  for (int i = 1; i < kMaxima; ++i) top[0] = top[i] > top[0] ? top[i] : top[0];
   float maximum = -INFINITY;
-  for (int64_t i = 0; i < kLanes; ++i) maximum = std::max(maximum, top[i]);
-  vfloat sums = {};
-  for (int64_t j = 0; j < whole; j += kLanes) {
-    const vfloat e = exp_lanes(load_lanes(s + j) - maximum);
+  for (int64_t i = 0; i < kWideLanes; ++i) maximum = std::max(maximum, top[0][i]);
+  vwide sums = {};
+  for (j = 0; j < whole; j += kWideLanes) {
+    const vwide e = exp_wide(load_wide(s + j) - maximum);
     store(s + j, e);
     sums += e;
   }
-  tail = exp_lanes(tail - maximum);
+  tail = exp_wide(tail - maximum);
   sums += tail;
   std::memcpy(s + whole, &tail, (length - whole) * sizeof(float));
   std::fill(s + length, s + padded, 0.0f);
-  return horizontal_sum(sums);
+  float sum = 0;
+  for (int64_t i = 0; i < kWideLanes; ++i) sum += sums[i];
+  return sum;
 }
 
 }  // namespace kvchat

@@ -2,13 +2,14 @@
 
 A decoding sequence's latest n tokens are looked up earlier in its own text (the prompt, which holds the
 session's history and any retrieved passages, and the reply so far); the tokens that followed the most
-recent longest match are the draft.  The engine checks the last token and the draft in one forward pass
+recent longest match are the draft.  A token that occurs once before (a name, a number, an item code)
+anchors a draft by itself, below the shortest n-gram: its one continuation is the likely quote.  The engine checks the last token and the draft in one forward pass
 (the sampler's accept_drafts), so a step can emit several tokens for the cost of about one where decoding
 is bound by reading the weights.
 
-Adaptive per sequence: after a draft with poor acceptance, drafting pauses for a number of steps that
-doubles with each poor draft in a row, so a reply with nothing to match decodes as it would without
-speculation.  Drafts only take the step's token budget that running and waiting requests leave, and only
+Adaptive per sequence: from the second poor draft in a row, drafting pauses for a number of steps that
+doubles with each further one, so a reply with nothing to match decodes as it would without speculation.
+One poor draft is forgiven: a quote often parts from its source for a word and then resumes.  Drafts only take the step's token budget that running and waiting requests leave, and only
 while the step has few rows (MAX_STEP_ROWS), best acceptance first (engine/scheduler.py).
 """
 
@@ -67,7 +68,8 @@ class DraftState:
         self.accepted += accepted
         if accepted < POOR_ACCEPTANCE * drafted:
             self.poor_in_a_row += 1
-            self.pause = min(MAX_PAUSE, 2 ** (self.poor_in_a_row - 1))
+            if self.poor_in_a_row > 1:
+                self.pause = min(MAX_PAUSE, 2 ** (self.poor_in_a_row - 2))
         else:
             self.poor_in_a_row = 0
 
@@ -93,7 +95,7 @@ class NgramDrafter:
 
 def longest_match_end(text: np.ndarray, shortest: int, longest: int) -> int | None:
     """Where the continuation of the latest longest earlier occurrence of the text's last n tokens
-    starts, shortest <= n <= longest."""
+    starts, shortest <= n <= longest, or n = 1 where the last token occurs once before."""
     length = len(text)
     if length <= shortest:
         return None
@@ -108,6 +110,6 @@ def longest_match_end(text: np.ndarray, shortest: int, longest: int) -> int | No
         alive[alive] = text[previous[alive]] == text[length - 1 - back]
         matched += alive
     best = matched.max(initial=0)
-    if best < shortest:
+    if best < shortest and not (best == 1 and len(ends) == 1):
         return None
     return int(ends[np.flatnonzero(matched == best)[-1]]) + 1

@@ -3,14 +3,15 @@
 A decoding sequence's latest n tokens are looked up earlier in its own text (the prompt, which holds the
 session's history and any retrieved passages, and the reply so far); the tokens that followed the most
 recent longest match are the draft.  A token that occurs once before (a name, a number, an item code)
-anchors a draft by itself, below the shortest n-gram: its one continuation is the likely quote.  The engine checks the last token and the draft in one forward pass
-(the sampler's accept_drafts), so a step can emit several tokens for the cost of about one where decoding
-is bound by reading the weights.
+anchors a draft by itself, below the shortest n-gram: its one continuation is the likely quote.  The
+engine checks the last token and the draft in one forward pass (the sampler's accept_drafts), so a step
+can emit several tokens for the cost of about one where decoding is bound by reading the weights.
 
 Adaptive per sequence: from the second poor draft in a row, drafting pauses for a number of steps that
 doubles with each further one, so a reply with nothing to match decodes as it would without speculation.
-One poor draft is forgiven: a quote often parts from its source for a word and then resumes.  Drafts only take the step's token budget that running and waiting requests leave, and only
-while the step has few rows (MAX_STEP_ROWS), best acceptance first (engine/scheduler.py).
+One poor draft is forgiven: a quote often parts from its source for a word and then resumes.  Drafts only
+take the step's token budget that running and waiting requests leave, and only while the step has few
+rows (MAX_STEP_ROWS), best acceptance first (engine/scheduler.py).
 """
 
 from dataclasses import dataclass

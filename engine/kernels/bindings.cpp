@@ -17,6 +17,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
   m.def("rms_norm", &kvchat::rms_norm, "transformers' RMSNorm");
   m.def("add_rms_norm", &kvchat::add_rms_norm, "residual += x, then x = RMSNorm(residual), in place");
+  m.def("silu_and_mul", &kvchat::silu_and_mul, "silu(gate) * up for x = [gate | up], torch's roundings");
   m.def("rotary", &kvchat::rotary, "rotary embedding of q and k in place (rotate-half layout)");
   m.def("write_kv", &kvchat::write_kv, "new keys and values into their cache slots (int8: quantized)");
 

@@ -96,8 +96,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
     if (sum_attention) received.add_(probability_sums);
     x = linear(attended.flatten(1), w.o);
     add_rms_norm(x, residual, w.post_norm, eps_);
-    const auto gate_up = linear(x, w.gate_up).chunk(2, -1);
-    x = linear(at::silu(gate_up[0]) * gate_up[1], w.down);
+    x = linear(silu_and_mul(linear(x, w.gate_up)), w.down);
   }
   return {x, residual, received};
 }

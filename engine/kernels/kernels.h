@@ -39,6 +39,8 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, std::optional
 // Per-layer operations of a decode step (layer_ops_cpu.cpp); rotary and the residual update work in place.
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 void add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
+// silu(gate) * up for x = [gate | up] (rows, 2 * width), rounded as torch's two ops round it.
+torch::Tensor silu_and_mul(torch::Tensor x);
 void rotary(torch::Tensor q, torch::Tensor k, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin);
 // An int8 layer cache quantizes each token's head as engine/quantization.py does, into layer_scales.
 void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor layer_cache, torch::Tensor slot_blocks,

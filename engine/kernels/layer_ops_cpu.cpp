@@ -51,6 +51,28 @@ void store_row(const T* row, int64_t size, C* target, int64_t stride, float* sca
   }
 }
 
+// out[0:width] = silu(gate) * up as torch computes it: gate / (1 + e^-gate) in float32, and in bf16 each
+// of the two results rounded to bf16, as two torch ops round them.  Past e^88, where exp_wide's exponent
+// bits end, e^-gate is taken as infinite and the quotient as -0 (torch's is below 1e-36 up to e^88.7).
+template <typename T>
+void activate_row(const T* gate, const T* up, T* out, int64_t width) {
+  constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
+  int64_t i = 0;
+  for (; i + kWideLanes <= width; i += kWideLanes) {
+    const vwide g = load_wide(gate + i), bound = splat_wide(88.0f);
+    const vwide minus_g = -g;
+    const vwide e = minus_g < bound ? exp_wide(minus_g) : splat_wide(INFINITY);
+    vwide silu = g / (1.0f + e);
+    if constexpr (kBf16) silu = round_to_bf16(silu);
+    store_wide(out + i, silu * load_wide(up + i));
+  }
+  for (; i < width; ++i) {
+    const float g = static_cast<float>(gate[i]);
+    const T silu = static_cast<T>(g / (1.0f + std::exp(-g)));
+    out[i] = static_cast<T>(static_cast<float>(silu) * static_cast<float>(up[i]));
+  }
+}
+
 // Rows of a prefill are split between the threads; a decode step's few rows stay on one, where a parallel
 // region would cost more than the rows.
 void for_rows(int64_t rows, const std::function<void(int64_t)>& body) {
@@ -94,6 +116,25 @@ void add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight,
       normalise_row(sums + r * size, weight.data_ptr<scalar_t>(), rows + r * size, size, eps);
     });
   });
+}
+
+torch::Tensor silu_and_mul(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % 2 == 0 && x.stride(1) == 1, "x must be (rows, 2 * width), rows contiguous");
+  const int64_t rows = x.size(0), width = x.size(1) / 2;
+  auto out = torch::empty({rows, width}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  auto activate = [&](auto type) {
+    using T = decltype(type);
+    for_rows(rows, [&](int64_t r) {
+      const T* gate = x.data_ptr<T>() + r * x.stride(0);
+      activate_row(gate, gate + width, out.data_ptr<T>() + r * width, width);
+    });
+  };
+  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16, "x: float32 or bf16");
+  if (x.scalar_type() == torch::kFloat)
+    activate(float{});
+  else
+    activate(c10::BFloat16{});
+  return out;
 }
 
 void rotary(torch::Tensor q, torch::Tensor k, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin) {

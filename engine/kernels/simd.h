@@ -146,6 +146,32 @@ inline vwide load_wide<int8_t>(const int8_t* source) {
 
 typedef int32_t vwide_int __attribute__((vector_size(kWideLanes * sizeof(int32_t))));
 
+// v rounded to bf16 (to nearest, ties to even, as c10::BFloat16 rounds a finite float), still as floats.
+inline vwide round_to_bf16(vwide v) {
+  vwide_word bits;
+  std::memcpy(&bits, &v, sizeof(v));
+  bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000u;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
+template <typename T>
+inline void store_wide(T* target, vwide v);
+
+template <>
+inline void store_wide<float>(float* target, vwide v) {
+  std::memcpy(target, &v, sizeof(v));
+}
+
+template <>
+inline void store_wide<c10::BFloat16>(c10::BFloat16* target, vwide v) {
+  vwide_word bits;
+  v = round_to_bf16(v);
+  std::memcpy(&bits, &v, sizeof(v));
+  const vwide_halfword top = __builtin_convertvector(bits >> 16, vwide_halfword);
+  std::memcpy(target, &top, sizeof(top));
+}
+
 inline vwide splat_wide(float x) { return vwide{} + x; }
 
 // e^x for x <= 0 (softmax after subtracting the row maximum), within 2 ulp of std::exp; exactly 0 below

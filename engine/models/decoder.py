@@ -77,13 +77,18 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    kernels = None  # our C++ silu(gate) * up, where the kernels are set
+
     def __init__(self, shape: ModelShape):
         super().__init__()
         self.gate_up_proj = Linear(shape.hidden_size, 2 * shape.intermediate_size, bias=False)
         self.down_proj = Linear(shape.intermediate_size, shape.hidden_size, bias=False)
 
     def forward(self, x, kernel_rows: int):
-        gate, up = self.gate_up_proj(x, kernel_rows).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x, kernel_rows)
+        if self.kernels is not None:
+            return self.down_proj(self.kernels.silu_and_mul(gate_up), kernel_rows)
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up, kernel_rows)
 
 
@@ -169,7 +174,7 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear):
                 module.use_kernels(kernels)
-            elif isinstance(module, RMSNorm | RotaryEmbedding):
+            elif isinstance(module, RMSNorm | RotaryEmbedding | MLP):
                 module.kernels = kernels
             elif isinstance(module, Attention):
                 module.kernels = kernels if attention else None

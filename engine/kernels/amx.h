@@ -8,15 +8,17 @@
 
 #include <cstdint>
 
+namespace kvchat {
+constexpr int64_t kTileRows = 16;
+constexpr int64_t kTileInputs = 32;  // bf16 values in a row of an A tile
+}  // namespace kvchat
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 namespace kvchat {
-
-constexpr int64_t kTileRows = 16;
-constexpr int64_t kTileInputs = 32;  // bf16 values in a row of an A tile
 
 // Linux lends a process AMX's tile data only on request (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA).
 inline bool amx_permitted() {

@@ -29,6 +29,7 @@
 
 #include <cmath>
 
+#include "amx.h"
 #include "kernels.h"
 #include "kv_types.h"
 #include "prefill_tiles_amx.h"

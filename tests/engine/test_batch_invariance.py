@@ -13,6 +13,7 @@ from engine.config import EngineConfig
 from engine.kernels import cpu_kernels
 from engine.layers.linear import Linear
 from engine.llm_engine import LLMEngine
+from engine.testing.recording import record_logits, run_to_end
 
 pytestmark = pytest.mark.skipif(
     cpu_kernels() is None or not cpu_kernels().packed_linear_available(),
@@ -33,46 +34,29 @@ def bf16_engine(model_dir, **options) -> LLMEngine:
     return engine
 
 
-def logits_of(engine: LLMEngine, request_id: str) -> dict[int, torch.Tensor]:
-    """The logits each step samples `request_id`'s next token from, by the position they predict."""
-    recorded, emit = {}, engine.runner.emit
-
-    def recording(samplers, logits, meta):
-        row = 0
-        for _, item in samplers:
-            if item.seq.request_id == request_id:
-                recorded[item.seq.num_tokens] = logits[row].clone()
-            row += 1 + len(item.draft_token_ids)
-        return emit(samplers, logits, meta)
-
-    engine.runner.emit = recording
-    return recorded
+def run(engine: LLMEngine, prompts: dict[str, str], max_tokens: int) -> dict[str, list[int]]:
+    return run_to_end(engine, prompts, SamplingParams(temperature=0, max_tokens=max_tokens))[0]
 
 
-def run(engine: LLMEngine, requests: dict[str, str], max_tokens: int) -> dict[str, list[int]]:
-    for request_id, prompt in requests.items():
-        engine.add_request(request_id, prompt, SamplingParams(temperature=0, max_tokens=max_tokens))
-    tokens = {request_id: [] for request_id in requests}
-    while engine.has_unfinished_requests():
-        for update in engine.step():
-            tokens[update.seq.request_id] += update.new_token_ids
-    return tokens
+def of_request(recorded: dict[tuple[str, int], torch.Tensor], request_id: str) -> dict[int, torch.Tensor]:
+    return {position: logits for (owner, position), logits in recorded.items() if owner == request_id}
 
 
 @pytest.mark.parametrize("repeats", [4, 22])  # about 60 and 570 prompt tokens
 def test_a_requests_logits_keep_their_bits_beside_others_and_in_other_chunks(smollm2_dir, repeats):
     prompt = "Tell me about the order A-7731-Q for the Nordic Steel Kettle, shipped on Monday. " * repeats
     alone_engine = bf16_engine(smollm2_dir)
-    alone = logits_of(alone_engine, "r")
+    alone = record_logits(alone_engine)
     reply = run(alone_engine, {"r": prompt}, 16)["r"]
 
     # A 40-token budget cuts r's prefill into chunks that share steps with the others' decodes.
     busy_engine = bf16_engine(smollm2_dir, max_num_batched_tokens=40)
-    busy = logits_of(busy_engine, "r")
+    busy = record_logits(busy_engine)
     others = {f"other-{i}": text for i, text in enumerate(PROMPTS)}
     replies = run(busy_engine, {**others, "r": prompt}, 16)
 
     assert replies["r"] == reply
+    alone, busy = of_request(alone, "r"), of_request(busy, "r")
     assert busy.keys() == alone.keys() and len(alone) == 16
     assert all(torch.equal(busy[position], alone[position]) for position in alone)
 

@@ -16,6 +16,7 @@ from engine.layers.linear import Linear
 from engine.llm_engine import LLMEngine
 from engine.speculative import MAX_STEP_ROWS, DraftState, NgramDrafter, longest_match_end
 from engine.testing.oracle import reference_greedy, reference_model
+from engine.testing.recording import record_logits, run_to_end
 
 REPEAT = (
     "Repeat this text exactly: The order number is A-7731-Q and the product is the Nordic Steel Kettle, "
@@ -72,14 +73,9 @@ def engine_for(model_dir, **options) -> LLMEngine:
 
 
 def run_steps(engine: LLMEngine, prompt: str, params: SamplingParams) -> tuple[list[int], int]:
-    """(tokens, steps taken)"""
-    engine.add_request("r", prompt, params)
-    tokens, steps = [], 0
-    while engine.has_unfinished_requests():
-        for update in engine.step():
-            tokens += update.new_token_ids
-        steps += 1
-    return tokens, steps
+    """(tokens, steps taken) of one request"""
+    tokens, steps = run_to_end(engine, {"r": prompt}, params)
+    return tokens["r"], steps
 
 
 def test_a_reply_that_repeats_its_prompt_accepts_most_drafts_and_equals_transformers(
@@ -94,25 +90,6 @@ def test_a_reply_that_repeats_its_prompt_accepts_most_drafts_and_equals_transfor
     assert steps < len(tokens) / 2  # prefill included
 
 
-def logits_by_position(engine: LLMEngine) -> dict[int, torch.Tensor]:
-    """Records, by the position each predicts, the logits of every row a step samples from that rests
-    on greedy tokens only: a plain row, a drafted sequence's last token and its accepted drafts."""
-    recorded, emit = {}, engine.runner.emit
-
-    def recording(samplers, logits, meta):
-        emitted = emit(samplers, logits, meta)
-        row = 0
-        for _, item in samplers:
-            valid = len(emitted[item.seq])  # the accepted drafts and the row after them
-            for offset in range(valid):
-                recorded[item.seq.num_tokens + offset] = logits[row + offset].clone()
-            row += 1 + len(item.draft_token_ids)
-        return emitted
-
-    engine.runner.emit = recording
-    return recorded
-
-
 def test_a_drafted_step_computes_each_row_to_the_bits_of_the_step_without_drafts(smollm2_dir, repeat_prompt):
     """Products choose their kernel by the step's rows without its drafts: here one row takes our
     kernel and any more torch's product, so a verify step of five rows would otherwise round apart."""
@@ -124,7 +101,7 @@ def test_a_drafted_step_computes_each_row_to_the_bits_of_the_step_without_drafts
             if isinstance(module, Linear):
                 module.max_kernel_rows = 1
         model.decode_layers = model.kernel_decode_layers(cpu_kernels())
-        logits[speculative] = logits_by_position(engine)
+        logits[speculative] = record_logits(engine)
         run_steps(engine, repeat_prompt, SamplingParams(temperature=0, max_tokens=40))
     assert engine.stats().spec_accepted_tokens > 20
     assert logits["ngram"].keys() == logits[None].keys()

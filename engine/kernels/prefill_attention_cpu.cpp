@@ -45,10 +45,7 @@ constexpr int kRowsBf16 = 12;   // for the bf16 products, whose 32 registers hol
 template <typename T, typename C>
 constexpr int kRegisterRows = kDotBf16<T, C> ? kRowsBf16 : kRows;
 constexpr int64_t kItemRows = 24;  // rows per work item: the key and value blocks stay in L1 across them
-constexpr int64_t kAmxItemRows = 32;  // on AMX: two tiles of rows
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#define KVCHAT_AMX_ATTENTION 1
-#endif
+constexpr int64_t kAmxItemRows = 32;  // on AMX (KVCHAT_AMX_ATTENTION, prefill_tiles_amx.h): two tiles of rows
 constexpr int64_t kSpanBlocks = 8;  // value blocks one pass of p.v keeps its accumulators in registers over
 
 struct Problem {

@@ -13,6 +13,7 @@
 #pragma once
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define KVCHAT_AMX_ATTENTION 1
 #include "amx.h"
 #include "prefill_tiles_bf16.h"
 
@@ -20,6 +21,7 @@ namespace kvchat {
 
 constexpr int64_t kPairedTokens = 2 * kTileRows;  // tokens per A tile of probabilities
 constexpr int64_t kAmxColumns = 4 * kTileRows;    // head_dim per pass of p.v: four C tiles
+constexpr int64_t kTileValues = kTileRows * kTileInputs;  // bf16 values per B tile
 
 // A block's keys (head_dim, 16 tokens) -> (head_dim / 2, 16, 2): a B tile for each 32 of head_dim.
 inline void pair_keys(const c10::BFloat16* keys, int64_t head_dim, c10::BFloat16* pairs) {
@@ -51,15 +53,14 @@ void pair_values(Blocks block_of, int64_t tokens, int64_t head_dim, c10::BFloat1
   auto value = [&](int64_t t, int64_t d) {
     return t < tokens ? _mm512_loadu_si512(block_of(t / 16) + t % 16 * head_dim + d) : _mm512_setzero_si512();
   };
-  const int64_t tile = kTileRows * kTileInputs;  // bf16 values per B tile
   for (int64_t first = 0; first < tokens; first += kPairedTokens) {
     c10::BFloat16* chunk = pairs + first * head_dim;
     for (int64_t t = first; t < first + kPairedTokens; t += 2)
       for (int64_t d = 0; d < head_dim; d += 32) {
         const __m512i even = value(t, d), odd = value(t + 1, d);
-        c10::BFloat16* row = chunk + d / 16 * tile + (t - first) / 2 * kTileInputs;
+        c10::BFloat16* row = chunk + d / 16 * kTileValues + (t - first) / 2 * kTileInputs;
         _mm512_storeu_si512(row, _mm512_permutex2var_epi16(even, low, odd));
-        _mm512_storeu_si512(row + tile, _mm512_permutex2var_epi16(even, high, odd));
+        _mm512_storeu_si512(row + kTileValues, _mm512_permutex2var_epi16(even, high, odd));
       }
   }
 }
@@ -68,21 +69,20 @@ void pair_values(Blocks block_of, int64_t tokens, int64_t head_dim, c10::BFloat1
 // `stride`) . the value pairs, over `tokens` tokens (a multiple of 32).  Tiles: C 0-3, A 4, B 5-7.
 inline void pv_tile(const c10::BFloat16* probabilities, int64_t stride, const c10::BFloat16* value_pairs,
                     int64_t head_dim, int64_t d0, int64_t tokens, float* out) {
-  const int64_t tile = kTileRows * kTileInputs;
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t first = 0; first < tokens; first += kPairedTokens) {
-    const c10::BFloat16* pairs = value_pairs + first * head_dim + d0 / 16 * tile;
+    const c10::BFloat16* pairs = value_pairs + first * head_dim + d0 / 16 * kTileValues;
     _tile_loadd(4, probabilities + first, stride * sizeof(c10::BFloat16));
     _tile_loadd(5, pairs, 64);
     _tile_dpbf16ps(0, 4, 5);
-    _tile_loadd(6, pairs + tile, 64);
+    _tile_loadd(6, pairs + kTileValues, 64);
     _tile_dpbf16ps(1, 4, 6);
-    _tile_loadd(7, pairs + 2 * tile, 64);
+    _tile_loadd(7, pairs + 2 * kTileValues, 64);
     _tile_dpbf16ps(2, 4, 7);
-    _tile_loadd(5, pairs + 3 * tile, 64);
+    _tile_loadd(5, pairs + 3 * kTileValues, 64);
     _tile_dpbf16ps(3, 4, 5);
   }
   const int64_t out_stride = head_dim * sizeof(float);

@@ -206,11 +206,11 @@ void with_constant(int64_t n, Fn fn) {
   fn(std::integral_constant<int, MAX>{});
 }
 
-inline float horizontal_sum(vfloat v) {
-  float values[kLanes];
-  std::memcpy(values, &v, sizeof(v));
+// The sum of a vector's lanes, in lane order; V: vfloat or vwide.
+template <typename V>
+inline float horizontal_sum(V v) {
   float sum = 0;
-  for (int64_t i = 0; i < kLanes; ++i) sum += values[i];
+  for (size_t i = 0; i < sizeof(V) / sizeof(float); ++i) sum += v[i];
   return sum;
 }
 
@@ -247,9 +247,7 @@ inline float softmax_numerators(float* s, int64_t length, int64_t padded) {
   sums += tail;
   std::memcpy(s + whole, &tail, (length - whole) * sizeof(float));
   std::fill(s + length, s + padded, 0.0f);
-  float sum = 0;
-  for (int64_t i = 0; i < kWideLanes; ++i) sum += sums[i];
-  return sum;
+  return horizontal_sum(sums);
 }
 
 }  // namespace kvchat

@@ -20,6 +20,10 @@
 // An int8 cache is read as it is, widened in registers: a block's 16 key scales multiply its 16 q.k
 // sums, and each value's scale multiplies its probability, so no float copy of the cache is made.
 //
+// bf16 queries over a bf16 cache run both products on the CPU's bf16 pair dot products, as prefill does
+// (attention_bf16.h): the scores are scaled after q.k, and the probabilities rounded to bf16 before
+// p.v, as torch's CPU attention rounds them.
+//
 // q (seqs, heads, head_dim); k_cache (blocks, kv_heads, head_dim, 16); v_cache (blocks, kv_heads, 16,
 // head_dim); block_tables (seqs, max_blocks) int64; context_lens (seqs,) int64; an int8 cache's scales
 // (blocks, kv_heads, 16) float32.  Returns out (seqs, heads, head_dim) and, if asked, the probabilities
@@ -31,6 +35,7 @@
 
 #include "kernels.h"
 #include "kv_types.h"
+#include "attention_bf16.h"
 #include "simd.h"
 
 namespace kvchat {
@@ -40,6 +45,7 @@ constexpr int64_t kBlock = 16;  // tokens per block the kernel is built for
 constexpr int64_t kVectors = kBlock / kWideLanes;
 constexpr int kPassVectors = 4;  // vectors of head_dim one p.v pass over a block accumulates in registers
 constexpr int64_t kLine = 64;  // bytes per cache line
+constexpr int kChainsBf16 = 2;  // q.k's accumulators a query head with the bf16 products: GROUP is 1-8
 // A float cache's scales: multiplying by 1 is exact, so one code path serves both kinds of cache.
 constexpr float kOnes[kBlock] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 
@@ -117,6 +123,8 @@ void pv_block(const float* probabilities, int64_t padded, const C* values, const
 struct Row {
   int64_t index, length;
   float *query, *sums, *scores;
+  const c10::BFloat16* bf16_query;     // the bf16 products' query, as it is
+  c10::BFloat16* bf16_probabilities;  // the bf16 products' probabilities (GROUP, padded)
 };
 
 // Up to kItemRows rows of one sequence (a step checking a draft has a row for its last token and one per
@@ -129,7 +137,7 @@ struct Item {
 
 // Every row's scores over its context, the blocks in order, the next one prefetched while one is computed:
 // blocks sit anywhere in the pool, out of reach of the hardware prefetcher.
-template <typename C, int GROUP>
+template <typename T, typename C, int GROUP>
 void qk(const Problem& p, const C* k_cache, const int64_t* table, int64_t kv_head, Row* rows, int64_t count,
         int64_t padded) {
   for (int64_t first = 0, b = 0; first < rows[count - 1].length; first += kBlock, ++b) {
@@ -137,8 +145,16 @@ void qk(const Problem& p, const C* k_cache, const int64_t* table, int64_t kv_hea
     if (first + kBlock < rows[count - 1].length)
       prefetch(head_block(k_cache, p, table[b + 1], kv_head), p.head_dim * kBlock);
     const float* key_scales = block_scales(p.k_scales, p, table[b], kv_head);
-    for (int64_t r = 0; r < count; ++r)
-      if (first < rows[r].length) qk_block<C, GROUP>(p, rows[r].query, keys, key_scales, rows[r].scores, padded, first);
+    for (int64_t r = 0; r < count; ++r) {
+      if (first >= rows[r].length) continue;
+#ifdef __AVX512BF16__
+      if constexpr (kDotBf16<T, C>) {
+        qk_block_bf16<GROUP, kChainsBf16>(rows[r].bf16_query, p.head_dim, keys, rows[r].scores + first, padded);
+        continue;
+      }
+#endif
+      qk_block<C, GROUP>(p, rows[r].query, keys, key_scales, rows[r].scores, padded, first);
+    }
   }
 }
 
@@ -165,15 +181,48 @@ void pv(const Problem& p, const C* v_cache, const int64_t* table, int64_t kv_hea
   }
 }
 
-// scores -> probabilities, added to the row's `received` (if not null) for the importance of its tokens.
+#ifdef __AVX512BF16__
+// pv with the bf16 products: 32 elements of head_dim per pass over a span of blocks, whose next span is
+// prefetched while one is computed.
 template <int GROUP>
-void normalise(const Row& row, int64_t padded, float* received) {
+void pv_bf16(const Problem& p, const c10::BFloat16* v_cache, const int64_t* table, int64_t kv_head, Row* rows,
+             int64_t count, int64_t padded) {
+  constexpr int64_t kSpanBlocks = 8, kWidth = 32;
+  const int64_t longest = rows[count - 1].length, blocks = (longest + kBlock - 1) / kBlock;
+  for (int64_t r = 0; r < count; ++r) std::fill(rows[r].sums, rows[r].sums + GROUP * p.head_dim, 0.0f);
+  const c10::BFloat16* span[kSpanBlocks];
+  for (int64_t start = 0; start < longest; start += kSpanBlocks * kBlock) {
+    const int64_t first_block = start / kBlock, span_blocks = std::min(kSpanBlocks, blocks - first_block);
+    for (int64_t b = first_block + span_blocks; b < std::min(blocks, first_block + 2 * kSpanBlocks); ++b)
+      prefetch(head_block(v_cache, p, table[b], kv_head), p.head_dim * kBlock);
+    for (int64_t d0 = 0; d0 < p.head_dim; d0 += kWidth) {
+      for (int64_t i = 0; i < span_blocks; ++i)
+        span[i] = head_block(v_cache, p, table[first_block + i], kv_head) + d0;
+      for (int64_t r = 0; r < count; ++r) {
+        const int64_t tokens = std::min(kSpanBlocks * kBlock, rows[r].length - start);
+        const c10::BFloat16* probabilities = rows[r].bf16_probabilities + start;
+        if (tokens > 0) pv_span_bf16<GROUP>(probabilities, padded, span, p.head_dim, tokens, rows[r].sums + d0);
+      }
+    }
+  }
+}
+#endif
+
+// scores -> probabilities, added to the row's `received` (if not null) for the importance of its tokens.
+// The bf16 products' scores are scaled here, their probabilities rounded to bf16 for p.v.
+template <typename T, typename C, int GROUP>
+void normalise(const Problem& p, const Row& row, int64_t padded, float* received) {
   for (int g = 0; g < GROUP; ++g) {
     float* s = row.scores + g * padded;
+    if constexpr (kDotBf16<T, C>)
+      for (int64_t j = 0; j < row.length; ++j) s[j] *= p.scale;
     const float inverse = 1.0f / softmax_numerators(s, row.length, padded);
     for (int64_t j = 0; j < row.length; ++j) s[j] *= inverse;
     if (received != nullptr)
       for (int64_t j = 0; j < row.length; ++j) received[j] += s[j];
+#ifdef __AVX512BF16__
+    if constexpr (kDotBf16<T, C>) round_to_bf16(s, padded, row.bf16_probabilities + g * padded);
+#endif
   }
 }
 
@@ -182,23 +231,34 @@ template <typename T, typename C, int GROUP>
 void attend(const Problem& p, const T* q, const C* k_cache, const C* v_cache, const Item& item,
             std::vector<float>& buffer, T* out, float* received_parts) {
   const int64_t hd = p.head_dim, longest = p.lens[item.first_row + item.rows - 1];
-  const int64_t padded = (longest + kBlock - 1) / kBlock * kBlock, per_row = GROUP * (2 * hd + padded);
+  const int64_t padded = (longest + kBlock - 1) / kBlock * kBlock;
+  const int64_t per_row = GROUP * (2 * hd + padded + padded / 2);  // queries, sums, scores, bf16 probabilities
   buffer.resize(item.rows * per_row);
   Row rows[kItemRows];
   for (int64_t r = 0; r < item.rows; ++r) {
     const int64_t index = item.first_row + r;
     float* start = buffer.data() + r * per_row;
-    rows[r] = {index, p.lens[index], start, start + GROUP * hd, start + 2 * GROUP * hd};
     const T* q_rows = q + (index * p.heads + item.kv_head * GROUP) * hd;
-    for (int64_t i = 0; i < GROUP * hd; ++i) rows[r].query[i] = static_cast<float>(q_rows[i]) * p.scale;
+    rows[r] = {index, p.lens[index], start, start + GROUP * hd, start + 2 * GROUP * hd, nullptr,
+               reinterpret_cast<c10::BFloat16*>(start + GROUP * (2 * hd + padded))};
+    if constexpr (kDotBf16<T, C>)
+      rows[r].bf16_query = q_rows;
+    else
+      for (int64_t i = 0; i < GROUP * hd; ++i) rows[r].query[i] = static_cast<float>(q_rows[i]) * p.scale;
   }
   const int64_t* table = p.tables + item.first_row * p.max_blocks;
-  qk<C, GROUP>(p, k_cache, table, item.kv_head, rows, item.rows, padded);
+  qk<T, C, GROUP>(p, k_cache, table, item.kv_head, rows, item.rows, padded);
   for (int64_t r = 0; r < item.rows; ++r) {
     const int64_t part = rows[r].index * p.kv_heads + item.kv_head;
-    normalise<GROUP>(rows[r], padded, received_parts != nullptr ? received_parts + part * p.max_context : nullptr);
+    float* received = received_parts != nullptr ? received_parts + part * p.max_context : nullptr;
+    normalise<T, C, GROUP>(p, rows[r], padded, received);
   }
-  pv<C, GROUP>(p, v_cache, table, item.kv_head, rows, item.rows, padded);
+#ifdef __AVX512BF16__
+  if constexpr (kDotBf16<T, C>)
+    pv_bf16<GROUP>(p, v_cache, table, item.kv_head, rows, item.rows, padded);
+  else
+#endif
+    pv<C, GROUP>(p, v_cache, table, item.kv_head, rows, item.rows, padded);
   for (int64_t r = 0; r < item.rows; ++r) {
     T* o = out + (rows[r].index * p.heads + item.kv_head * GROUP) * hd;
     for (int64_t i = 0; i < GROUP * hd; ++i) o[i] = static_cast<T>(rows[r].sums[i]);
@@ -239,8 +299,7 @@ void check(const torch::Tensor& k_cache, const torch::Tensor& v_cache, const tor
     TORCH_CHECK(cache.is_contiguous() && cache.dim() == 4 && cache.scalar_type() == k_cache.scalar_type(),
                 "caches must be contiguous 4-d tensors of one dtype");
   TORCH_CHECK(k_cache.size(3) == kBlock && v_cache.size(2) == kBlock, "the kernel needs blocks of 16 tokens");
-  TORCH_CHECK(k_cache.size(2) == head_dim && head_dim % 16 == 0,
-              "head_dim must be a multiple of 16");
+  TORCH_CHECK(k_cache.size(2) == head_dim && head_dim % 32 == 0, "head_dim must be a multiple of 32");
   TORCH_CHECK(block_tables.scalar_type() == torch::kLong && block_tables.is_contiguous(), "block_tables: int64");
   TORCH_CHECK(context_lens.scalar_type() == torch::kLong && context_lens.is_contiguous(), "context_lens: int64");
   TORCH_CHECK(heads % k_cache.size(1) == 0 && heads / k_cache.size(1) <= 8, "1 to 8 query heads per KV head");

@@ -9,7 +9,7 @@
 // is divided by its softmax sum at the end.  Rows go kRows at a time against 2 * kLanes keys (q.k) or
 // value elements (p.v): 12 accumulators, what AVX2's 16 registers hold beside the operands.  Where the
 // CPU has AVX-512 BF16, bf16 queries over a bf16 cache take its pair dot products instead
-// (prefill_tiles_bf16.h), 12 rows at a time: a prefill step's attention took a third of the step.
+// (attention_bf16.h), 12 rows at a time: a prefill step's attention took a third of the step.
 // Where it also has AMX tiles, the two products run on them (prefill_tiles_amx.h), 32 rows per item.
 //
 // The probabilities exist here anyway, so the kernel also sums those of the chunk's last `window`
@@ -33,7 +33,7 @@
 #include "kernels.h"
 #include "kv_types.h"
 #include "prefill_tiles_amx.h"
-#include "prefill_tiles_bf16.h"
+#include "attention_bf16.h"
 #include "simd.h"
 
 namespace kvchat {

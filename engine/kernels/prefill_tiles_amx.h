@@ -8,14 +8,14 @@
 // alone and run over head_dim, or over the context from its first token in steps of 32, in the same
 // order whatever the tile holds: a row gets the same bits however the prompt was cut into chunks.
 // On a 2-core AMX Xeon, prefill attention of bench.throughput's offline prompts (10,851 tokens, SmolLM2)
-// took 1.45 s on the vector pair products (prefill_tiles_bf16.h) and 0.73 s here, where the softmax's
+// took 1.45 s on the vector pair products (attention_bf16.h) and 0.73 s here, where the softmax's
 // exponentials take about as long as the products.
 #pragma once
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define KVCHAT_AMX_ATTENTION 1
 #include "amx.h"
-#include "prefill_tiles_bf16.h"
+#include "attention_bf16.h"
 
 namespace kvchat {
 

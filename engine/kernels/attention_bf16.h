@@ -1,4 +1,4 @@
-// The two products of prefill attention on AVX-512 BF16 units, for bf16 queries over a bf16 cache.
+// The two products of attention (prefill and decode) on AVX-512 BF16 units, for bf16 queries over a bf16 cache.
 //
 // vdpbf16ps multiplies pairs of bf16 values and adds both products to a float32 lane: twice the
 // multiplications of a float32 FMA per instruction.  q.k pairs consecutive head_dim elements: a block's
@@ -43,19 +43,28 @@ inline __m512bh broadcast_pair(const c10::BFloat16* pair) {
   return reinterpret_cast<__m512bh>(_mm512_set1_epi32(bits));
 }
 
-// s[r][0:16] = q[r] . the block's 16 keys (head_dim, 16), for M rows of q (unscaled).
-template <int M>
+// s[r][0:16] = q[r] . the block's 16 keys (head_dim, 16), for M rows of q (unscaled).  CHAINS
+// accumulators a row (pairs of d in turn, summed at the end) hide the dot product's latency where M rows
+// alone are too few; a caller keeps CHAINS fixed, so that a row's sums never depend on M.
+template <int M, int CHAINS = 1>
 void qk_block_bf16(const c10::BFloat16* q, int64_t head_dim, const c10::BFloat16* keys, float* s,
                    int64_t stride) {
   const __m512i key_pairs = load_indices(kKeyPairs);
-  __m512 acc[M];
-  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t d = 0; d < head_dim; d += 2) {
-    const __m512i two_rows = _mm512_loadu_si512(keys + d * 16);
-    const __m512bh pairs = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(key_pairs, two_rows));
-    for (int r = 0; r < M; ++r) acc[r] = _mm512_dpbf16_ps(acc[r], broadcast_pair(q + r * head_dim + d), pairs);
+  __m512 acc[CHAINS][M];
+  for (int c = 0; c < CHAINS; ++c)
+    for (int r = 0; r < M; ++r) acc[c][r] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < head_dim; d += 2 * CHAINS) {
+    for (int c = 0; c < CHAINS; ++c) {
+      const __m512i two_rows = _mm512_loadu_si512(keys + (d + 2 * c) * 16);
+      const __m512bh pairs = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(key_pairs, two_rows));
+      for (int r = 0; r < M; ++r)
+        acc[c][r] = _mm512_dpbf16_ps(acc[c][r], broadcast_pair(q + r * head_dim + d + 2 * c), pairs);
+    }
   }
-  for (int r = 0; r < M; ++r) _mm512_storeu_ps(s + r * stride, acc[r]);
+  for (int r = 0; r < M; ++r) {
+    for (int c = 1; c < CHAINS; ++c) acc[0][r] = _mm512_add_ps(acc[0][r], acc[c][r]);
+    _mm512_storeu_ps(s + r * stride, acc[0][r]);
+  }
 }
 
 // out[r][0:32] += p[r][t] * value t[0:32] for the span's first `tokens` tokens, for M rows; `blocks` are

@@ -8,6 +8,15 @@
 
 namespace kvchat {
 
+constexpr int64_t kBlock = 16;  // tokens per cache block, the only size the attention kernels are built for
+
+// Where one KV head's part of a cache block starts: keys (head_dim, 16) and values (16, head_dim) alike
+// hold head_dim * 16 elements.  `p`: an attention kernel's problem, with kv_heads and head_dim.
+template <typename C, typename Problem>
+inline const C* head_block(const C* cache, const Problem& p, int64_t block, int64_t kv_head) {
+  return cache + (block * p.kv_heads + kv_head) * p.head_dim * kBlock;
+}
+
 // Calls fn(T{}, C{}): T is the compute type (the queries'), C the cache's elements, T or int8_t.
 template <typename Fn>
 void dispatch_kv(at::ScalarType compute, const torch::Tensor& cache, const char* name, Fn fn) {

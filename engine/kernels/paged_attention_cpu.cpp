@@ -41,7 +41,6 @@
 namespace kvchat {
 namespace {
 
-constexpr int64_t kBlock = 16;  // tokens per block the kernel is built for
 constexpr int64_t kVectors = kBlock / kWideLanes;
 constexpr int kPassVectors = 4;  // vectors of head_dim one p.v pass over a block accumulates in registers
 constexpr int64_t kLine = 64;  // bytes per cache line
@@ -55,12 +54,6 @@ struct Problem {
   const float *k_scales, *v_scales;  // an int8 cache's, else nullptr
   const int64_t *tables, *lens;
 };
-
-// Where one KV head's part of a block starts: keys and values alike hold head_dim * 16 elements.
-template <typename C>
-inline const C* head_block(const C* cache, const Problem& p, int64_t block, int64_t kv_head) {
-  return cache + (block * p.kv_heads + kv_head) * p.head_dim * kBlock;
-}
 
 inline const float* block_scales(const float* scales, const Problem& p, int64_t block, int64_t kv_head) {
   return scales != nullptr ? scales + (block * p.kv_heads + kv_head) * kBlock : kOnes;

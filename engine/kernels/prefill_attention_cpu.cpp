@@ -39,7 +39,6 @@
 namespace kvchat {
 namespace {
 
-constexpr int64_t kBlock = 16;  // tokens per cache block
 constexpr int kRows = 6;        // rows per register tile
 constexpr int kRowsBf16 = 12;   // for the bf16 products, whose 32 registers hold twice as many
 template <typename T, typename C>
@@ -168,7 +167,7 @@ void amx_scores(const Problem& p, const c10::BFloat16* k_cache, const int64_t* t
   const int64_t hd = p.head_dim;
   const auto* queries = reinterpret_cast<const c10::BFloat16*>(tile.queries);
   for (int64_t start = 0, b = 0; start < context; start += kBlock, ++b) {
-    pair_keys(k_cache + (table[b] * p.kv_heads + kv_head) * hd * kBlock, hd, tile.key_pairs);
+    pair_keys(head_block(k_cache, p, table[b], kv_head), hd, tile.key_pairs);
     for (int64_t r0 = 0; r0 < rows; r0 += kTileRows)
       if (start < length_of(std::min(r0 + kTileRows, rows) - 1))
         qk_tile(queries + r0 * hd, hd, tile.key_pairs, tile.scores + r0 * padded + start, padded);
@@ -181,7 +180,7 @@ template <typename Length>
 void amx_values(const Problem& p, const c10::BFloat16* v_cache, const int64_t* table, int64_t kv_head,
                 int64_t rows, int64_t context, int64_t padded, const TileBuffers& tile, Length length_of) {
   const int64_t hd = p.head_dim;
-  auto block_of = [&](int64_t b) { return v_cache + (table[b] * p.kv_heads + kv_head) * kBlock * hd; };
+  auto block_of = [&](int64_t b) { return head_block(v_cache, p, table[b], kv_head); };
   pair_values(block_of, context, hd, tile.value_pairs);
   for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
     const int64_t length = length_of(std::min(r0 + kTileRows, rows) - 1);
@@ -205,7 +204,7 @@ void tile_scores(const Problem& p, const C* k_cache, const int64_t* table, int64
   const float* queries = tile.queries;
   float* scores = tile.scores;
   for (int64_t start = 0, b = 0; start < context; start += kBlock, ++b) {
-    const C* keys = k_cache + (table[b] * p.kv_heads + kv_head) * hd * kBlock;
+    const C* keys = head_block(k_cache, p, table[b], kv_head);
     for (int64_t r0 = 0; r0 < rows; r0 += R) {
       with_constant<R>(rows - r0, [&](auto m) {
         constexpr int M = decltype(m)::value;
@@ -238,7 +237,7 @@ void tile_values(const Problem& p, const C* v_cache, const int64_t* table, int64
   for (int64_t start = 0; start < context; start += kSpanBlocks * kBlock) {
     for (int64_t d0 = 0; d0 < hd; d0 += kWidth) {
       for (int64_t i = 0, b = start / kBlock; i < kSpanBlocks && b < padded / kBlock; ++i, ++b)
-        blocks[i] = v_cache + (table[b] * p.kv_heads + kv_head) * kBlock * hd + d0;
+        blocks[i] = head_block(v_cache, p, table[b], kv_head) + d0;
       for (int64_t r0 = 0; r0 < rows; r0 += R) {
         with_constant<R>(rows - r0, [&](auto m) {
           constexpr int M = decltype(m)::value;

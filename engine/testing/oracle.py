@@ -15,7 +15,11 @@ VARIANTS = {
     "int8-kv": {"kv_cache_dtype": "int8"},
     "ngram": {"speculative": "ngram"},
 }
-NEAR_TIE = 0.1  # logits: what one int8 key or value element rounded the other way moves them by, at most
+# Logits: how far the int8 KV cache's rounding alone moves the margin between two tokens. transformers
+# itself, given the same SmolLM2 chat tokens (five turns) once in one pass and once token by token,
+# stores keys differing in their last bits; a few int8 elements then round the other way, and margins
+# move by a median 0.03, a p99 0.13-0.55 (0.1 was too tight: a session turn parted at 0.11).
+NEAR_TIE = 0.5
 
 
 def reference_model(model_dir, dtype=torch.float32, quantization: str | None = None):
@@ -64,9 +68,9 @@ def greedy_margins(model, prompt_ids: list[int], tokens: list[int], kv_cache_dty
 
 
 def first_divergence_is_a_near_tie(tokens: list[int], expected: list[int], margins: list[float]) -> bool:
-    """With an int8 KV cache, one key element rounding to the neighbouring step (our products and
-    transformers' differ in the last bits) moves logits by up to a few hundredths: greedy outputs may part
-    where the reference's top two tokens were that close, and nowhere else."""
+    """With an int8 KV cache, key elements rounding to the neighbouring step (our products and
+    transformers' differ in the last bits) move logits by up to NEAR_TIE: greedy outputs may part where
+    the reference's top two tokens were that close, and nowhere else."""
     for index, (got, want) in enumerate(zip(tokens, expected, strict=False)):
         if got != want:
             return margins[index] < NEAR_TIE

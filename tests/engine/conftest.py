@@ -44,8 +44,7 @@ class Oracle:
 
     def assert_matches(self, name, tokens: list[list[int]], variant: dict, max_new_tokens=24) -> None:
         """Our tokens for the first len(tokens) prompts equal transformers' token for token; with the
-        int8 KV cache, up to a first divergence at a near tie (first_divergence_is_a_near_tie): SmolLM2's
-        24-token replies here part at margins of 0.03 and below."""
+        int8 KV cache, up to a first divergence at a near tie (first_divergence_is_a_near_tie)."""
         _, expected, margins = self.get(
             name, max_new_tokens, variant.get("quantization"), variant.get("kv_cache_dtype", "auto")
         )

@@ -21,6 +21,7 @@ from chatsvc.ui.content_policy import ContentSecurityPolicy, content_security_po
 from chatsvc.ui.identity import Identity
 from chatsvc.ui.knowledge_page import KnowledgePage
 from chatsvc.ui.login import LoginGate, login_routes
+from chatsvc.ui.stale_events import unknown_event
 from chatsvc.ui.theme import theme
 from chatsvc.ui.uploads import RecordUploads, UploadLedger
 
@@ -74,6 +75,7 @@ def build_app(settings: Settings) -> FastAPI:
         head_paths=[STATIC_DIR / "head.html"],
         favicon_path=STATIC_DIR / "favicon.svg",
         max_file_size=settings.max_file_bytes,
+        app_kwargs={"exception_handlers": {KeyError: unknown_event}},
     )
 
 

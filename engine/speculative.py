@@ -98,7 +98,7 @@ def longest_match_end(text: np.ndarray, shortest: int, longest: int) -> int | No
     """Where the continuation of the latest longest earlier occurrence of the text's last n tokens
     starts, shortest <= n <= longest, or n = 1 where the last token occurs once before."""
     length = len(text)
-    if length <= shortest:
+    if length < 2:
         return None
     # Candidates: earlier places of the last token (with a token after them), then how far back each
     # keeps matching the suffix.

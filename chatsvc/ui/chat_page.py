@@ -135,8 +135,13 @@ class ChatPage(Page):
                     variant="primary" if entry["id"] == current else "secondary",
                     elem_classes="session-entry",
                 )
+                # Keyed, the listener keeps its id when the list re-renders (after every switch, turn and
+                # search), so a click on the button of the render before still opens this chat.
                 button.click(
-                    self.opener(entry["id"]), outputs=self.opened_outputs(), api_visibility="private"
+                    self.opener(entry["id"]),
+                    outputs=self.opened_outputs(),
+                    api_visibility="private",
+                    key=f"open-{entry['id']}",
                 )
 
     # --- wiring ---

@@ -35,6 +35,8 @@ def test_lookup_continues_the_latest_of_the_longest_earlier_matches():
     assert longest_match_end(np.array([1, 2, 5, 2, 6, 2]), 1, 4) == 4
     # a token seen once before anchors a draft by itself
     assert longest_match_end(np.array([1, 2, 5, 2]), 2, 4) == 2
+    assert longest_match_end(np.array([5, 2]), 2, 4) is None
+    assert longest_match_end(np.array([2, 2]), 3, 4) == 1  # however short the text
 
 
 def test_drafts_stop_at_the_limit_and_pause_longer_after_each_poor_draft_but_the_first():

@@ -120,6 +120,41 @@ def test_regenerate_and_edit_make_branches(server, page):
     assert "Name a colour." not in page.locator("#chat").inner_text()
 
 
+CLICK_AFTER_SHOWN = """([shown, next, delay_ms]) => {
+    const chat = document.querySelector('#chat');
+    new MutationObserver((_, observer) => {
+        if (!chat.innerText.includes(shown)) return;
+        observer.disconnect();
+        const entry = [...document.querySelectorAll('#session-sidebar button')].find(
+            b => b.innerText.trim() === next);
+        setTimeout(() => entry.click(), delay_ms);
+    }).observe(chat, {childList: true, subtree: true, characterData: true});
+}"""
+
+
+def test_a_chat_opens_when_clicked_while_the_sidebar_re_renders(server, page):
+    """Opening a chat re-renders the sidebar.  A click on a button of the render before, landing after the
+    server re-rendered (here: 10-200 ms after the chat before shows, on a CPU slowed 4x), must still open
+    its chat.  It did not when each render gave the buttons' events new ids: the click was lost."""
+    api = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.user_keys["alice"], max_retries=0)
+    titles = ["Foxes: why red?", "Moles: why blind?", "Bats: why upside down?"]
+    for question in titles:
+        api.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=4
+        )
+    open_chat(server, page)
+    page.context.new_cdp_session(page).send("Emulation.setCPUThrottlingRate", {"rate": 4})
+    sidebar = page.locator("#session-sidebar")
+    # Each round shows a chat other than the open one, then the click lands on the third.
+    for i, delay_ms in enumerate((10, 30, 60, 100, 150, 200)):
+        shown, clicked = titles[2 * i % 3], titles[(2 * i + 1) % 3]
+        page.evaluate(CLICK_AFTER_SHOWN, [shown, clicked, delay_ms])
+        sidebar.get_by_role("button", name=shown).click()
+        page.locator("#chat").get_by_text(clicked).wait_for(timeout=15_000)
+        assert shown not in page.locator("#chat").inner_text()
+    assert page.script_errors == []
+
+
 def test_switch_search_rename_and_delete_sessions(server, page):
     api = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.user_keys["alice"], max_retries=0)
     for question in ("Zebras: why stripes?", "Owls: why at night?"):

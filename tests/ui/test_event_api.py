@@ -1,7 +1,8 @@
-"""The pages' event API through gradio_client: it needs a login, a chat turn works through it, and the
-admin events refuse a non-admin."""
+"""The pages' event API through gradio_client: it needs a login, a chat turn works through it, the admin
+events refuse a non-admin, and an event the page does not have is a clear 404."""
 
 import gradio_client
+import httpx
 import pytest
 from gradio_client.exceptions import AppError
 
@@ -54,3 +55,12 @@ def test_choosing_an_embedding_model_refuses_hostile_payloads(server):
     for knowledge_base, key in ((mine, server.user_keys["alice"]), (theirs, None)):
         path = f"/api/knowledge-bases/{knowledge_base}/embedding-model"
         assert server.rest("GET", path, **({"key": key} if key else {})).json()["name"] is None
+
+
+def test_an_event_the_page_does_not_have_is_a_404_not_a_server_error(server):
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        client.post("/login", data={"username": ALICE[0], "password": ALICE[1]}).raise_for_status()
+        body = {"data": [], "fn_index": 987_654, "session_hash": "a-page-never-loaded"}
+        answer = client.post("/gradio_api/queue/join", json=body)
+    assert answer.status_code == 404
+    assert "no such event" in answer.json()["detail"]

@@ -12,9 +12,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_linear_available", &kvchat::packed_linear_available, "whether the CPU has AVX-512 BF16 units");
   m.def("packed_linear_on_amx", &kvchat::packed_linear_on_amx, "whether products of `in` inputs run on AMX tiles",
         py::arg("in"));
-  m.def("pack_bf16_weight", &kvchat::pack_bf16_weight, "a bf16 weight in packed_linear's layout");
-  m.def("packed_linear", &kvchat::packed_linear, "x @ weight.T + bias on bf16 dot-product units",
-        py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
+  m.def("pack_weight", &kvchat::pack_weight, "a bf16 or int8 weight in packed_linear's layout");
+  m.def("packed_linear", &kvchat::packed_linear, "x @ weight.T + bias on bf16 dot-product units (int8: with scale)",
+        py::arg("x"), py::arg("packed"), py::arg("bias") = py::none(), py::arg("scale") = py::none());
   m.def("rms_norm", &kvchat::rms_norm, "transformers' RMSNorm");
   m.def("add_rms_norm", &kvchat::add_rms_norm, "residual += x, then x = RMSNorm(residual), in place");
   m.def("silu_and_mul", &kvchat::silu_and_mul, "silu(gate) * up for x = [gate | up], torch's roundings");

@@ -60,9 +60,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
   const int64_t max_context = block_tables.size(1) * block_size;
   const double scale = std::pow(static_cast<double>(head_dim), -0.5);  // as Python's head_dim ** -0.5
   const auto linear = [&](const torch::Tensor& input, const LinearWeights& w) {
-    if (kernel_rows <= max_kernel_rows_) {
-      return w.packed.has_value() ? packed_linear(input, *w.packed, w.bias)
-                                  : few_rows_linear(input, w.weight, w.bias, w.scale);
+    if (kernel_rows <= max_kernel_rows_) {  // as layers/linear.py's Linear.forward chooses
+      const bool packed = w.packed.has_value() && (!w.scale.has_value() || kernel_rows > 1);
+      if (packed) return packed_linear(input, *w.packed, w.bias, w.scale);
+      return few_rows_linear(input, w.weight, w.bias, w.scale);
     }
     if (w.onednn.has_value()) return onednn_linear(input, *w.onednn, w.bias);
     return w.scale.has_value() ? int8_linear(input, w.weight, *w.scale, w.bias) : at::linear(input, w.weight, w.bias);

@@ -28,13 +28,16 @@ std::tuple<torch::Tensor, torch::Tensor> paged_prefill_attention(
 torch::Tensor few_rows_linear(torch::Tensor x, torch::Tensor weight, std::optional<torch::Tensor> bias,
                               std::optional<torch::Tensor> scale);
 
-// x @ weight.T + bias in bf16 on AVX-512 BF16 units, the weight packed once by pack_bf16_weight
-// (packed_linear_cpu.cpp); available only where the kernels were compiled for such a CPU.
+// x @ weight.T + bias in bf16 on AVX-512 BF16 units, the weight (bf16, or int8 with its scale per output
+// channel) packed once by pack_weight (packed_linear_cpu.cpp); available only where the kernels were
+// compiled for such a CPU.
 bool packed_linear_available();
-// Whether packed_linear runs on AMX tiles for `in` inputs: a multiple of 32, compiled for them, lent by Linux.
+// Whether packed_linear runs on AMX tiles for `in` inputs: a multiple of 32, compiled for them, lent by Linux
+// (bf16 weights only).
 bool packed_linear_on_amx(int64_t in);
-torch::Tensor pack_bf16_weight(torch::Tensor weight);
-torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, std::optional<torch::Tensor> bias);
+torch::Tensor pack_weight(torch::Tensor weight);
+torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, std::optional<torch::Tensor> bias,
+                            std::optional<torch::Tensor> scale);
 
 // Per-layer operations of a decode step (layer_ops_cpu.cpp); rotary and the residual update work in place.
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
@@ -46,8 +49,8 @@ void rotary(torch::Tensor q, torch::Tensor k, torch::Tensor positions, torch::Te
 void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor layer_cache, torch::Tensor slot_blocks,
               torch::Tensor slot_offsets, std::optional<torch::Tensor> layer_scales);
 
-// One linear layer's weights as layers/linear.py holds them: bf16 ones also packed for packed_linear where
-// the CPU runs it and, on AMX machines, reordered for oneDNN; int8 ones with their scale per output channel.
+// One linear layer's weights as layers/linear.py holds them: packed for packed_linear where the CPU runs it
+// and, on AMX machines, bf16 ones reordered for oneDNN; int8 ones with their scale per output channel.
 struct LinearWeights {
   torch::Tensor weight;
   std::optional<torch::Tensor> packed, onednn, bias, scale;

@@ -15,9 +15,18 @@
 // weights costs up to dozens of rows (SmolLM2's 30 layers on a 2-core AMX Xeon: 8.7 ms at 1 row, 10.4 at
 // 32, 13.6 at 64, where the vector path took 40 ms at 32 rows and oneDNN 12.6, 15.2 and 18.3).
 //
-// packed (out / 16, in / 2, 16, 2) bf16, from pack_bf16_weight; x (rows, in) bf16; bias (out,) or none.
-// The products accumulate in float32 and are rounded to bf16 once, as torch's are.
+// int8 weights (engine/quantization.py) are packed the same way and widened to bf16, which holds every
+// int8 value exactly, one work item at a time into a buffer that stays in cache, then take the same
+// tiles: the widening costs once per item, not once per row, where the few-row kernel widens for every
+// row and torch's product needs a bf16 copy of every weight written to memory each step.
+//
+// packed (out / 16, in / 2, 16, 2) bf16 or int8, from pack_weight; x (rows, in) bf16; bias (out,) or
+// none; int8 weights' scale (out,) float32.  The products accumulate in float32, are scaled and biased
+// there, and are rounded to bf16 once.
 #include <ATen/Parallel.h>
+
+#include <type_traits>
+#include <vector>
 
 #include "amx.h"
 #include "kernels.h"
@@ -35,9 +44,21 @@ constexpr int kRowTile = 8;     // rows of x per register tile: 8 x 2 accumulato
 #ifdef __AVX512BF16__
 namespace {
 
+// 32 packed values (16 columns x 2 inputs) as the bf16 pair dot product's operand: int8 ones widened.
+inline __m512bh load_pairs(const c10::BFloat16* values) {
+  return reinterpret_cast<__m512bh>(_mm512_loadu_si512(values));
+}
+
+inline __m512bh load_pairs(const int8_t* values) {
+  const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values));
+  const __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes)));
+  const __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1)));
+  return _mm512_cvtne2ps_pbh(high, low);
+}
+
 // out[r][column:column + 16 * kPanels] for M rows from `row`, over the item's packed panels.
-template <int M>
-void tile(const c10::BFloat16* x, const c10::BFloat16* panels, const float* bias, c10::BFloat16* out,
+template <int M, typename W>
+void tile(const c10::BFloat16* x, const W* panels, const float* bias, const float* scale, c10::BFloat16* out,
           int64_t in, int64_t out_features, int64_t column) {
   const int64_t pairs = in / 2, panel_stride = pairs * 2 * kPanel;
   __m512 acc[M][kPanels];
@@ -46,8 +67,7 @@ void tile(const c10::BFloat16* x, const c10::BFloat16* panels, const float* bias
   const int32_t* x_pairs = reinterpret_cast<const int32_t*>(x);
   for (int64_t k = 0; k < pairs; ++k) {
     __m512bh w[kPanels];
-    for (int p = 0; p < kPanels; ++p)
-      w[p] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(panels + p * panel_stride + k * 2 * kPanel));
+    for (int p = 0; p < kPanels; ++p) w[p] = load_pairs(panels + p * panel_stride + k * 2 * kPanel);
     for (int r = 0; r < M; ++r) {
       const __m512bh pair = reinterpret_cast<__m512bh>(_mm512_set1_epi32(x_pairs[r * pairs + k]));
       for (int p = 0; p < kPanels; ++p) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], pair, w[p]);
@@ -55,11 +75,51 @@ void tile(const c10::BFloat16* x, const c10::BFloat16* panels, const float* bias
   }
   for (int p = 0; p < kPanels; ++p) {
     const __m512 b = bias != nullptr ? _mm512_loadu_ps(bias + column + p * kPanel) : _mm512_setzero_ps();
+    const __m512 s = scale != nullptr ? _mm512_loadu_ps(scale + column + p * kPanel) : _mm512_set1_ps(1);
     for (int r = 0; r < M; ++r) {
-      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_add_ps(acc[r][p], b));
+      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_add_ps(_mm512_mul_ps(acc[r][p], s), b));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * out_features + column + p * kPanel),
                           reinterpret_cast<__m256i>(rounded));
     }
+  }
+}
+
+// An item's packed int8 weights (its panels' values, contiguous) as bf16, in the same order.
+void widen(const int8_t* weights, int64_t values, c10::BFloat16* widened) {
+  for (int64_t i = 0; i < values; i += 32)
+    _mm512_storeu_si512(widened + i, reinterpret_cast<__m512i>(load_pairs(weights + i)));
+}
+
+// out[r:r + M] for every group of M rows of x, over one item's panels.
+template <typename W>
+void row_tiles(const c10::BFloat16* x, int64_t rows, int64_t in, const W* panels, const float* bias,
+               const float* scale, c10::BFloat16* out, int64_t out_features, int64_t column) {
+  for (int64_t r = 0; r < rows; r += kRowTile) {
+    with_constant<kRowTile>(rows - r, [&](auto m) {
+      tile<decltype(m)::value>(x + r * in, panels, bias, scale, out + r * out_features, in, out_features, column);
+    });
+  }
+}
+
+// Every row of x through the items [begin, end).  int8 weights are widened in registers while one row
+// tile passes over them, else once per item into a buffer the row tiles then share.
+template <typename W>
+void vector_linear(const c10::BFloat16* x, int64_t rows, int64_t in, const W* weights, const float* bias,
+                   const float* scale, c10::BFloat16* out, int64_t out_features, int64_t begin, int64_t end) {
+  constexpr int64_t kItemColumns = kPanels * kPanel;  // a panel of 16 columns holds 16 * in values
+  const bool widen_once = std::is_same_v<W, int8_t> && rows > kRowTile;
+  std::vector<c10::BFloat16> widened(widen_once ? kItemColumns * in : 0);
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t column = item * kItemColumns;
+    const W* panels = weights + column * in;
+    if constexpr (std::is_same_v<W, int8_t>) {
+      if (widen_once) {
+        widen(panels, kItemColumns * in, widened.data());
+        row_tiles(x, rows, in, widened.data(), bias, scale, out, out_features, column);
+        continue;
+      }
+    }
+    row_tiles(x, rows, in, panels, bias, scale, out, out_features, column);
   }
 }
 
@@ -154,47 +214,52 @@ bool packed_linear_on_amx(int64_t in) {
 #endif
 }
 
-torch::Tensor pack_bf16_weight(torch::Tensor weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16, "weight: (out, in) bf16");
+torch::Tensor pack_weight(torch::Tensor weight) {
+  TORCH_CHECK(weight.dim() == 2 && (weight.scalar_type() == torch::kBFloat16 || weight.scalar_type() == torch::kChar),
+              "weight: (out, in) bf16 or int8");
   const int64_t out = weight.size(0), in = weight.size(1);
   TORCH_CHECK(out % (kPanels * kPanel) == 0 && in % 2 == 0, "packing needs out a multiple of 32 and in even");
   // (out, in) -> (out / 16, 16, in / 2, 2) -> (out / 16, in / 2, 16, 2)
   return weight.reshape({out / kPanel, kPanel, in / 2, 2}).permute({0, 2, 1, 3}).contiguous();
 }
 
-torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, std::optional<torch::Tensor> bias) {
+torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, std::optional<torch::Tensor> bias,
+                            std::optional<torch::Tensor> scale) {
 #ifdef __AVX512BF16__
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16, "x: (rows, in) bf16");
   TORCH_CHECK(packed.dim() == 4 && packed.size(1) * 2 == x.size(1) && packed.is_contiguous(),
-              "packed: (out / 16, in / 2, 16, 2) from pack_bf16_weight");
+              "packed: (out / 16, in / 2, 16, 2) from pack_weight");
+  const bool quantized = packed.scalar_type() == torch::kChar;
+  TORCH_CHECK(quantized == scale.has_value(), "int8 weights need a scale per output channel, others none");
   x = x.contiguous();
   const int64_t rows = x.size(0), in = x.size(1), out_features = packed.size(0) * kPanel;
-  const std::optional<torch::Tensor> bias_float =
-      bias.has_value() ? std::optional(bias->to(torch::kFloat).contiguous()) : std::nullopt;
+  const auto as_float = [](const std::optional<torch::Tensor>& t) {
+    return t.has_value() ? std::optional(t->to(torch::kFloat).contiguous()) : std::nullopt;
+  };
+  const std::optional<torch::Tensor> bias_float = as_float(bias), scale_float = as_float(scale);
+  TORCH_CHECK(!quantized || scale_float->numel() == out_features, "one scale per output channel");
   const float* bias_data = bias_float.has_value() ? bias_float->data_ptr<float>() : nullptr;
+  const float* scale_data = scale_float.has_value() ? scale_float->data_ptr<float>() : nullptr;
   auto out = torch::empty({rows, out_features}, x.options());
-  const auto* x_data = x.data_ptr<c10::BFloat16>();
-  const auto* weights = packed.data_ptr<c10::BFloat16>();
   auto* out_data = out.data_ptr<c10::BFloat16>();
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if (packed_linear_on_amx(in)) {
+  if (!quantized && packed_linear_on_amx(in)) {
     // A tiles read whole tiles of rows: pad x to them (the padding's sums are dropped).
     const int64_t padded = (rows + kTileRows - 1) / kTileRows * kTileRows;
     if (padded != rows) x = torch::cat({x, x.new_zeros({padded - rows, in})});
-    amx_linear(x.data_ptr<c10::BFloat16>(), rows, in, weights, bias_data, out_data, out_features);
+    amx_linear(x.data_ptr<c10::BFloat16>(), rows, in, packed.data_ptr<c10::BFloat16>(), bias_data, out_data,
+               out_features);
     return out;
   }
 #endif
+  const auto* x_data = x.data_ptr<c10::BFloat16>();
   at::parallel_for(0, out_features / (kPanels * kPanel), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t column = item * kPanels * kPanel;
-      const c10::BFloat16* panels = weights + column * in;  // 16 columns' panel holds 16 * in values
-      for (int64_t r = 0; r < rows; r += kRowTile) {
-        with_constant<kRowTile>(rows - r, [&](auto m) {
-          tile<decltype(m)::value>(x_data + r * in, panels, bias_data, out_data + r * out_features, in,
-                                   out_features, column);
-        });
-      }
+    if (quantized) {
+      vector_linear(x_data, rows, in, packed.data_ptr<int8_t>(), bias_data, scale_data, out_data, out_features,
+                    begin, end);
+    } else {
+      vector_linear(x_data, rows, in, packed.data_ptr<c10::BFloat16>(), bias_data, nullptr, out_data,
+                    out_features, begin, end);
     }
   });
   return out;

@@ -24,7 +24,13 @@ def max_kernel_rows(
     once, Linear.onednn) at every size too: on a 2-core Sapphire Rapids class Xeon, the 30 layers took
     11.0 ms against 19.0 at 32 rows, 19.2 against 24.9 at 96, 66 against 80 at 512 and 150 against 156 at
     1,024.  Its vector path does not: 8.4 ms against 5.9 at 8 rows and 500 against 57 at 512, so layers
-    whose inputs the tiles cannot take (not a multiple of 32) keep it for up to 4 rows there."""
+    whose inputs the tiles cannot take (not a multiple of 32) keep it for up to 4 rows there.
+
+    Packed int8 weights (widened to bf16 in the kernel, on CPUs with AVX-512 BF16 and no AMX) beat both
+    the few-row kernel and torch's product from two rows: the 30 layers on the 2-core AVX-512 BF16
+    machine took 8.4 ms at 8 rows against 19.5 and 26.3, 25.8 at 32 against 71 and 47, 291 at 512 against
+    torch's 415, within 10 % of packed bf16.  At one row the few-row kernel keeps them (4.7 ms against
+    6.3), so they count as packed for every size (Linear.forward sends one row to the few-row kernel)."""
     if packed:
         return sys.maxsize if amx_tiles or not cpu_has_amx() else 4
     if not cpu_has_bf16_units():
@@ -49,6 +55,9 @@ class Linear(nn.Linear):
     on or off.  A layer the tiles cannot take (inputs not a multiple of 32) sends products of more than a
     few rows to oneDNN, with the weight reordered once into its blocked layout, as vLLM's CPU build does,
     instead of torch's product, which reorders it on every call.
+    int8 weights are packed the same way where the CPU has AVX-512 BF16 and no AMX, and products of two
+    rows or more go there; one row stays on the few-row kernel, so an int8 token's numbers can depend on
+    whether it had its step to itself.
     Elsewhere, a decode step's few rows go to the few-row kernel, bound by reading the weights, which
     torch's general product reads at about half the bandwidth for one row and slower for two to eight
     (kernels/few_rows_linear_cpu.cpp); more rows go to torch (max_kernel_rows).
@@ -66,27 +75,34 @@ class Linear(nn.Linear):
         q, self.weight_scale = quantize_int8(self.weight.detach())
         self.weight = nn.Parameter(q, requires_grad=False)
 
-    def use_kernels(self, kernels) -> None:
+    def use_kernels(self, kernels, dtype: torch.dtype) -> None:
+        """dtype: the model's compute dtype (an int8 layer's weight does not say it)."""
         self.kernels = kernels
         self.packed = self.onednn = None
         amx_tiles = False
-        if kernels is not None and self.weight.dtype == torch.bfloat16:
+        quantized = self.weight_scale is not None
+        if kernels is not None and dtype == torch.bfloat16 and not quantized:
             amx_tiles = self.pack_bf16(kernels)
-        quantized, packed = self.weight_scale is not None, self.packed is not None
-        self.max_kernel_rows = max_kernel_rows(self.weight.dtype, quantized, packed, amx_tiles)
+        elif kernels is not None and dtype == torch.bfloat16 and not cpu_has_amx():
+            # int8 takes the vector path only, which AMX machines run slowly for many rows (above).
+            self.packed = self.packed_weight(kernels)
+        self.max_kernel_rows = max_kernel_rows(dtype, quantized, self.packed is not None, amx_tiles)
 
     def pack_bf16(self, kernels) -> bool:
         """Packs the weight where our kernels take it, else reorders it for oneDNN on AMX machines.
         Returns whether products run on AMX tiles."""
-        out_features, in_features = self.weight.shape
-        weight = self.weight.detach()
-        if out_features % 32 == 0 and in_features % 2 == 0 and kernels.packed_linear_available():
-            self.packed = kernels.pack_bf16_weight(weight)
-            if kernels.packed_linear_on_amx(in_features):
-                return True
+        self.packed = self.packed_weight(kernels)
+        if self.packed is not None and kernels.packed_linear_on_amx(self.in_features):
+            return True
         if cpu_has_amx() and torch.backends.mkldnn.is_available():
-            self.onednn = torch.ops.mkldnn._reorder_linear_weight(weight)
+            self.onednn = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
         return False
+
+    def packed_weight(self, kernels) -> torch.Tensor | None:
+        """The weight in packed_linear's layout, where the CPU runs it and the shape fits."""
+        if self.out_features % 32 or self.in_features % 2 or not kernels.packed_linear_available():
+            return None
+        return kernels.pack_weight(self.weight.detach())
 
     def kernel_weights(self):
         """This layer's weights as our C++ decode pass takes them."""
@@ -96,8 +112,10 @@ class Linear(nn.Linear):
         """kernel_rows: the rows that choose the kernel, where x has more (AttentionMetadata.kernel_rows)."""
         rows = x.shape[0] if kernel_rows is None else kernel_rows
         if self.kernels is not None and rows <= self.max_kernel_rows:
-            if self.packed is not None:
-                return self.kernels.packed_linear(x, self.packed, self.bias)
+            # int8 weights at one row: the few-row kernel, widening as it reads, beats the packed copy
+            # (decode_layers_cpu.cpp chooses the same way).
+            if self.packed is not None and (self.weight_scale is None or rows > 1):
+                return self.kernels.packed_linear(x, self.packed, self.bias, self.weight_scale)
             return self.kernels.few_rows_linear(x, self.weight, self.bias, self.weight_scale)
         if self.onednn is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.onednn, self.bias, "none", [], None)

@@ -173,7 +173,7 @@ class CausalLM(nn.Module):
         for decode steps' whole pass through the layers."""
         for module in self.modules():
             if isinstance(module, Linear):
-                module.use_kernels(kernels)
+                module.use_kernels(kernels, self.embed_tokens.weight.dtype)
             elif isinstance(module, RMSNorm | RotaryEmbedding | MLP):
                 module.kernels = kernels
             elif isinstance(module, Attention):

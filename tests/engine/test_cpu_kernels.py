@@ -298,7 +298,7 @@ def test_a_bf16_product_is_a_float32_product_rounded_once(rows):
     widened to float32 where the CPU has no bf16 units."""
     generator = torch.Generator().manual_seed(2)
     layer = Linear(576, 960, bias=True).to(torch.bfloat16)
-    layer.use_kernels(cpu_kernels())
+    layer.use_kernels(cpu_kernels(), torch.bfloat16)
     x = torch.randn(rows, 576, generator=generator).to(torch.bfloat16)
     got = layer(x)
     expected = F.linear(x.float(), layer.weight.float(), layer.bias.float())
@@ -309,20 +309,29 @@ def test_a_bf16_product_is_a_float32_product_rounded_once(rows):
 PACKED = cpu_kernels() is not None and cpu_kernels().packed_linear_available()
 
 
+def packed_weight(kernels, weight: torch.Tensor, int8: bool) -> tuple[torch.Tensor, dict, torch.Tensor]:
+    """(packed, packed_linear's scale argument, the float32 weight it stands for)."""
+    if not int8:
+        return kernels.pack_weight(weight), {}, weight.float()
+    q, scale = quantize_int8(weight)
+    return kernels.pack_weight(q), {"scale": scale}, dequantize_int8(q, scale)
+
+
 @pytest.mark.skipif(not PACKED, reason="packed_linear needs a CPU with AVX-512 BF16 units")
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
 @pytest.mark.parametrize("rows", [1, 3, 4, 8, 9, 33, 130])
 @pytest.mark.parametrize("in_features, out_features", [(576, 832), (1536, 576), (64, 32)])
-def test_packed_linear_matches_a_float32_product(rows, in_features, out_features):
+def test_packed_linear_matches_a_float32_product(rows, in_features, out_features, int8):
     kernels = cpu_kernels()
     generator = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, in_features, generator=generator).to(torch.bfloat16)
     weight = torch.randn(out_features, in_features, generator=generator).to(torch.bfloat16)
     bias = torch.randn(out_features, generator=generator).to(torch.bfloat16)
-    packed = kernels.pack_bf16_weight(weight)
-    expected = F.linear(x.float(), weight.float())
+    packed, scale, reference = packed_weight(kernels, weight, int8)
+    expected = F.linear(x.float(), reference)
     for got, want in [
-        (kernels.packed_linear(x, packed, bias), expected + bias.float()),
-        (kernels.packed_linear(x, packed), expected),
+        (kernels.packed_linear(x, packed, bias, **scale), expected + bias.float()),
+        (kernels.packed_linear(x, packed, **scale), expected),
     ]:
         assert got.dtype == torch.bfloat16 and got.shape == (rows, out_features)
         # float32 sums rounded once to bf16: within bf16's half-ulp of each result
@@ -330,23 +339,40 @@ def test_packed_linear_matches_a_float32_product(rows, in_features, out_features
 
 
 @pytest.mark.skipif(not PACKED, reason="packed_linear needs a CPU with AVX-512 BF16 units")
+@pytest.mark.parametrize("int8", [False, True], ids=["bf16", "int8"])
 @pytest.mark.parametrize("in_features", [576, 48])  # on AMX tiles and, not a multiple of 32, on vectors
-def test_a_packed_products_row_has_the_same_bits_whatever_rows_share_the_call(in_features):
+def test_a_packed_products_row_has_the_same_bits_whatever_rows_share_the_call(in_features, int8):
     """Steps of any batch, prefill chunks cut anywhere and drafted steps rely on it for replies that do not
-    depend on what shares their steps."""
+    depend on what shares their steps.  int8 weights are widened in registers for up to 8 rows and into a
+    buffer for more: the same values either way."""
     kernels = cpu_kernels()
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(300, in_features, generator=generator).to(torch.bfloat16)
-    packed = kernels.pack_bf16_weight(torch.randn(64, in_features, generator=generator).to(torch.bfloat16))
-    alone = torch.cat([kernels.packed_linear(x[row : row + 1], packed) for row in range(len(x))])
+    weight = torch.randn(64, in_features, generator=generator).to(torch.bfloat16)
+    packed, scale, _ = packed_weight(kernels, weight, int8)
+    alone = torch.cat([kernels.packed_linear(x[row : row + 1], packed, **scale) for row in range(len(x))])
     for rows in 5, 17, 32, 33, 70, 130, 300:
-        assert torch.equal(kernels.packed_linear(x[:rows], packed), alone[:rows])
+        assert torch.equal(kernels.packed_linear(x[:rows], packed, **scale), alone[:rows])
+
+
+@pytest.mark.skipif(not PACKED, reason="packed_linear needs a CPU with AVX-512 BF16 units")
+def test_packed_int8_weights_need_their_scale_and_only_they_take_one():
+    kernels = cpu_kernels()
+    x = torch.ones(2, 64, dtype=torch.bfloat16)
+    weight = torch.ones(32, 64, dtype=torch.bfloat16)
+    packed, scale, _ = packed_weight(kernels, weight, int8=True)
+    with pytest.raises(RuntimeError, match="scale"):
+        kernels.packed_linear(x, packed)
+    with pytest.raises(RuntimeError, match="scale"):
+        kernels.packed_linear(x, kernels.pack_weight(weight), **scale)
+    with pytest.raises(RuntimeError, match="one scale per output channel"):
+        kernels.packed_linear(x, packed, scale=scale["scale"][:16])
 
 
 def test_packing_refuses_shapes_it_cannot_hold():
     kernels = cpu_kernels()
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        kernels.pack_bf16_weight(torch.zeros(48, 64, dtype=torch.bfloat16))
+        kernels.pack_weight(torch.zeros(48, 64, dtype=torch.bfloat16))
 
 
 @pytest.fixture(scope="module")

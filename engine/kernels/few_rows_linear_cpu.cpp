@@ -12,6 +12,7 @@
 // accumulation is in float32.
 #include <ATen/Parallel.h>
 
+#include "float_args.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -153,15 +154,6 @@ void linear(const float* x, const W* weight, const float* bias, const float* sca
       }
     }
   });
-}
-
-std::optional<torch::Tensor> as_float(const std::optional<torch::Tensor>& tensor) {
-  if (!tensor.has_value()) return std::nullopt;
-  return tensor->to(torch::kFloat).contiguous();
-}
-
-const float* data_or_null(const std::optional<torch::Tensor>& tensor) {
-  return tensor.has_value() ? tensor->data_ptr<float>() : nullptr;
 }
 
 }  // namespace

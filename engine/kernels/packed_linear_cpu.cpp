@@ -16,9 +16,10 @@
 // 32, 13.6 at 64, where the vector path took 40 ms at 32 rows and oneDNN 12.6, 15.2 and 18.3).
 //
 // int8 weights (engine/quantization.py) are packed the same way and widened to bf16, which holds every
-// int8 value exactly, one work item at a time into a buffer that stays in cache, then take the same
-// tiles: the widening costs once per item, not once per row, where the few-row kernel widens for every
-// row and torch's product needs a bf16 copy of every weight written to memory each step.
+// int8 value exactly: in registers where one row tile (up to 8 rows) passes over them, else a work item
+// at a time into a buffer that stays in cache while the row tiles share it.  The widening costs once per
+// step, where the few-row kernel widens for every row and torch's product needs a bf16 copy of every
+// weight written to memory.
 //
 // packed (out / 16, in / 2, 16, 2) bf16 or int8, from pack_weight; x (rows, in) bf16; bias (out,) or
 // none; int8 weights' scale (out,) float32.  The products accumulate in float32, are scaled and biased
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "amx.h"
+#include "float_args.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -233,13 +235,9 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, std::optional
   TORCH_CHECK(quantized == scale.has_value(), "int8 weights need a scale per output channel, others none");
   x = x.contiguous();
   const int64_t rows = x.size(0), in = x.size(1), out_features = packed.size(0) * kPanel;
-  const auto as_float = [](const std::optional<torch::Tensor>& t) {
-    return t.has_value() ? std::optional(t->to(torch::kFloat).contiguous()) : std::nullopt;
-  };
-  const std::optional<torch::Tensor> bias_float = as_float(bias), scale_float = as_float(scale);
+  const auto bias_float = as_float(bias), scale_float = as_float(scale);
   TORCH_CHECK(!quantized || scale_float->numel() == out_features, "one scale per output channel");
-  const float* bias_data = bias_float.has_value() ? bias_float->data_ptr<float>() : nullptr;
-  const float* scale_data = scale_float.has_value() ? scale_float->data_ptr<float>() : nullptr;
+  const float *bias_data = data_or_null(bias_float), *scale_data = data_or_null(scale_float);
   auto out = torch::empty({rows, out_features}, x.options());
   auto* out_data = out.data_ptr<c10::BFloat16>();
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)

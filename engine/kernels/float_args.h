@@ -1,0 +1,19 @@
+// Optional arguments our kernels read as float32 (a bias, int8 weights' scales), whatever their dtype.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <optional>
+
+namespace kvchat {
+
+inline std::optional<torch::Tensor> as_float(const std::optional<torch::Tensor>& tensor) {
+  if (!tensor.has_value()) return std::nullopt;
+  return tensor->to(torch::kFloat).contiguous();
+}
+
+inline const float* data_or_null(const std::optional<torch::Tensor>& tensor) {
+  return tensor.has_value() ? tensor->data_ptr<float>() : nullptr;
+}
+
+}  // namespace kvchat

@@ -26,8 +26,8 @@
 // there, and are rounded to bf16 once.
 #include <ATen/Parallel.h>
 
+#include <memory>
 #include <type_traits>
-#include <vector>
 
 #include "amx.h"
 #include "float_args.h"
@@ -110,14 +110,15 @@ void vector_linear(const c10::BFloat16* x, int64_t rows, int64_t in, const W* we
                    const float* scale, c10::BFloat16* out, int64_t out_features, int64_t begin, int64_t end) {
   constexpr int64_t kItemColumns = kPanels * kPanel;  // a panel of 16 columns holds 16 * in values
   const bool widen_once = std::is_same_v<W, int8_t> && rows > kRowTile;
-  std::vector<c10::BFloat16> widened(widen_once ? kItemColumns * in : 0);
+  // Uninitialized: widen() writes it whole before it is read.
+  const std::unique_ptr<c10::BFloat16[]> widened(widen_once ? new c10::BFloat16[kItemColumns * in] : nullptr);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t column = item * kItemColumns;
     const W* panels = weights + column * in;
     if constexpr (std::is_same_v<W, int8_t>) {
       if (widen_once) {
-        widen(panels, kItemColumns * in, widened.data());
-        row_tiles(x, rows, in, widened.data(), bias, scale, out, out_features, column);
+        widen(panels, kItemColumns * in, widened.get());
+        row_tiles(x, rows, in, widened.get(), bias, scale, out, out_features, column);
         continue;
       }
     }

@@ -81,11 +81,12 @@ class Linear(nn.Linear):
         self.packed = self.onednn = None
         amx_tiles = False
         quantized = self.weight_scale is not None
-        if kernels is not None and dtype == torch.bfloat16 and not quantized:
-            amx_tiles = self.pack_bf16(kernels)
-        elif kernels is not None and dtype == torch.bfloat16 and not cpu_has_amx():
-            # int8 takes the vector path only, which AMX machines run slowly for many rows (above).
-            self.packed = self.packed_weight(kernels)
+        if kernels is not None and dtype == torch.bfloat16:
+            if not quantized:
+                amx_tiles = self.pack_bf16(kernels)
+            elif not cpu_has_amx():
+                # int8 takes the vector path only, which AMX machines run slowly for many rows (above).
+                self.packed = self.packed_weight(kernels)
         self.max_kernel_rows = max_kernel_rows(dtype, quantized, self.packed is not None, amx_tiles)
 
     def pack_bf16(self, kernels) -> bool:

@@ -9,7 +9,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "a prefill chunk's attention over the paged cache, and the attention its last rows gave each token");
   m.def("few_rows_linear", &kvchat::few_rows_linear, "x @ weight.T + bias for a few rows of x (int8 weights: with scale)",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("scale") = py::none());
-  m.def("packed_linear_available", &kvchat::packed_linear_available, "whether the CPU has AVX-512 BF16 units");
+  m.def("packed_linear_available", &kvchat::packed_linear_available, "whether the CPU has AVX-512 BF16 units and VBMI");
   m.def("packed_linear_on_amx", &kvchat::packed_linear_on_amx, "whether products of `in` inputs run on AMX tiles",
         py::arg("in"));
   m.def("pack_weight", &kvchat::pack_weight, "a bf16 or int8 weight in packed_linear's layout");

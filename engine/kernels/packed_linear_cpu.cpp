@@ -15,13 +15,14 @@
 // weights costs up to dozens of rows (SmolLM2's 30 layers on a 2-core AMX Xeon: 8.7 ms at 1 row, 10.4 at
 // 32, 13.6 at 64, where the vector path took 40 ms at 32 rows and oneDNN 12.6, 15.2 and 18.3).
 //
-// int8 weights (engine/quantization.py) are packed the same way and widened to bf16, which holds every
-// int8 value exactly: in registers where one row tile (up to 8 rows) passes over them, else a work item
-// at a time into a buffer that stays in cache while the row tiles share it.  The widening costs once per
-// step, where the few-row kernel widens for every row and torch's product needs a bf16 copy of every
-// weight written to memory.
+// int8 weights (engine/quantization.py) are packed the same way, as sign and magnitude, and widened to
+// bf16, which holds every int8 value exactly, by table lookups (Int8Widening): in registers where one row
+// tile (up to 8 rows) passes over them, else a work item at a time into a buffer that stays in cache
+// while the row tiles share it.  The widening costs once per step, where the few-row kernel widens for
+// every row and torch's product needs a bf16 copy of every weight written to memory.  The lookups need
+// AVX-512 VBMI, which every CPU with AVX-512 BF16 has but Cooper Lake; there torch's products run.
 //
-// packed (out / 16, in / 2, 16, 2) bf16 or int8, from pack_weight; x (rows, in) bf16; bias (out,) or
+// packed (out / 16, in / 2, 16, 2) bf16 or int8, from pack_weight (int8's bytes reordered within it); x (rows, in) bf16; bias (out,) or
 // none; int8 weights' scale (out,) float32.  The products accumulate in float32, are scaled and biased
 // there, and are rounded to bf16 once.
 #include <ATen/Parallel.h>
@@ -43,20 +44,51 @@ constexpr int kRowTile = 8;     // rows of x per register tile: 8 x 2 accumulato
 
 }  // namespace
 
-#ifdef __AVX512BF16__
+#if defined(__AVX512BF16__) && defined(__AVX512VBMI__)
 namespace {
 
-// 32 packed values (16 columns x 2 inputs) as the bf16 pair dot product's operand: int8 ones widened.
-inline __m512bh load_pairs(const c10::BFloat16* values) {
-  return reinterpret_cast<__m512bh>(_mm512_loadu_si512(values));
-}
+// The tiles take a panel's packed values two input pairs at a time (64 values: 16 columns x 2 inputs,
+// twice), as the bf16 pair dot product's operands.
+struct Bf16Loading {
+  void operator()(const c10::BFloat16* values, __m512bh& even, __m512bh& odd) const {
+    even = reinterpret_cast<__m512bh>(_mm512_loadu_si512(values));
+    odd = reinterpret_cast<__m512bh>(_mm512_loadu_si512(values + 32));
+  }
+};
 
-inline __m512bh load_pairs(const int8_t* values) {
-  const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values));
-  const __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes)));
-  const __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1)));
-  return _mm512_cvtne2ps_pbh(high, low);
-}
+// int8 weights are packed as sign and magnitude (pack_weight), so a value's bf16 is the magnitude's bf16,
+// two bytes looked up in 128-entry tables (vpermi2b), with the sign bit ORed into the high byte: 5
+// instructions per 64 values, where sign-extending, converting and rounding took 12.  The bytes are
+// interleaved (low, high) within 128-bit lanes, which pack_weight's byte order undoes.
+struct Int8Widening {
+  __m512i low[2], high[2], sign;
+
+  Int8Widening() {
+    alignas(64) uint8_t low_bytes[128], high_bytes[128];
+    for (int magnitude = 0; magnitude < 128; ++magnitude) {
+      const uint16_t bits = c10::BFloat16(static_cast<float>(magnitude)).x;  // exact: 7 significant bits
+      low_bytes[magnitude] = bits & 0xFF;
+      high_bytes[magnitude] = bits >> 8;
+    }
+    for (int half = 0; half < 2; ++half) {
+      low[half] = _mm512_load_si512(low_bytes + 64 * half);
+      high[half] = _mm512_load_si512(high_bytes + 64 * half);
+    }
+    sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  }
+
+  void operator()(const int8_t* values, __m512bh& even, __m512bh& odd) const {
+    const __m512i bytes = _mm512_loadu_si512(values);
+    const __m512i low_byte = _mm512_permutex2var_epi8(low[0], bytes, low[1]);  // index bit 7 ignored
+    const __m512i magnitude_high = _mm512_permutex2var_epi8(high[0], bytes, high[1]);
+    const __m512i high_byte = _mm512_ternarylogic_epi32(magnitude_high, bytes, sign, 0xF8);  // a | (b & c)
+    even = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi8(low_byte, high_byte));
+    odd = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi8(low_byte, high_byte));
+  }
+};
+
+template <typename W>
+using PairLoading = std::conditional_t<std::is_same_v<W, int8_t>, Int8Widening, Bf16Loading>;
 
 // out[r][column:column + 16 * kPanels] for M rows from `row`, over the item's packed panels.
 template <int M, typename W>
@@ -67,12 +99,17 @@ void tile(const c10::BFloat16* x, const W* panels, const float* bias, const floa
   for (int r = 0; r < M; ++r)
     for (int p = 0; p < kPanels; ++p) acc[r][p] = _mm512_setzero_ps();
   const int32_t* x_pairs = reinterpret_cast<const int32_t*>(x);
-  for (int64_t k = 0; k < pairs; ++k) {
-    __m512bh w[kPanels];
-    for (int p = 0; p < kPanels; ++p) w[p] = load_pairs(panels + p * panel_stride + k * 2 * kPanel);
+  const PairLoading<W> load;
+  for (int64_t k = 0; k < pairs; k += 2) {
+    __m512bh even[kPanels], odd[kPanels];
+    for (int p = 0; p < kPanels; ++p) load(panels + p * panel_stride + k * 2 * kPanel, even[p], odd[p]);
     for (int r = 0; r < M; ++r) {
-      const __m512bh pair = reinterpret_cast<__m512bh>(_mm512_set1_epi32(x_pairs[r * pairs + k]));
-      for (int p = 0; p < kPanels; ++p) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], pair, w[p]);
+      const __m512bh even_x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(x_pairs[r * pairs + k]));
+      const __m512bh odd_x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(x_pairs[r * pairs + k + 1]));
+      for (int p = 0; p < kPanels; ++p) {
+        acc[r][p] = _mm512_dpbf16_ps(acc[r][p], even_x, even[p]);
+        acc[r][p] = _mm512_dpbf16_ps(acc[r][p], odd_x, odd[p]);
+      }
     }
   }
   for (int p = 0; p < kPanels; ++p) {
@@ -88,8 +125,13 @@ void tile(const c10::BFloat16* x, const W* panels, const float* bias, const floa
 
 // An item's packed int8 weights (its panels' values, contiguous) as bf16, in the same order.
 void widen(const int8_t* weights, int64_t values, c10::BFloat16* widened) {
-  for (int64_t i = 0; i < values; i += 32)
-    _mm512_storeu_si512(widened + i, reinterpret_cast<__m512i>(load_pairs(weights + i)));
+  const Int8Widening load;
+  for (int64_t i = 0; i < values; i += 64) {
+    __m512bh even, odd;
+    load(weights + i, even, odd);
+    _mm512_storeu_si512(widened + i, reinterpret_cast<__m512i>(even));
+    _mm512_storeu_si512(widened + i + 32, reinterpret_cast<__m512i>(odd));
+  }
 }
 
 // out[r:r + M] for every group of M rows of x, over one item's panels.
@@ -201,7 +243,7 @@ void amx_linear(const c10::BFloat16* x, int64_t rows, int64_t in, const c10::BFl
 #endif
 
 bool packed_linear_available() {
-#ifdef __AVX512BF16__
+#if defined(__AVX512BF16__) && defined(__AVX512VBMI__)
   return true;
 #else
   return false;
@@ -221,14 +263,25 @@ torch::Tensor pack_weight(torch::Tensor weight) {
   TORCH_CHECK(weight.dim() == 2 && (weight.scalar_type() == torch::kBFloat16 || weight.scalar_type() == torch::kChar),
               "weight: (out, in) bf16 or int8");
   const int64_t out = weight.size(0), in = weight.size(1);
-  TORCH_CHECK(out % (kPanels * kPanel) == 0 && in % 2 == 0, "packing needs out a multiple of 32 and in even");
+  TORCH_CHECK(out % (kPanels * kPanel) == 0 && in % 4 == 0,
+              "packing needs out a multiple of 32 and in a multiple of 4");
   // (out, in) -> (out / 16, 16, in / 2, 2) -> (out / 16, in / 2, 16, 2)
-  return weight.reshape({out / kPanel, kPanel, in / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+  const auto packed = weight.reshape({out / kPanel, kPanel, in / 2, 2}).permute({0, 2, 1, 3});
+  if (weight.scalar_type() == torch::kBFloat16) return packed.contiguous();
+  // int8 as Int8Widening reads it: sign and magnitude, and in each 64 values (two input pairs) the bytes
+  // of 128-bit lane L are values 8L..8L+7 of the first pair, then the same of the second.
+  TORCH_CHECK(weight.min().item<int8_t>() > -128, "int8 weights in [-127, 127] (quantize_int8)");
+  const auto wide = packed.to(torch::kShort);
+  const auto sign_and_magnitude = torch::where(wide < 0, wide.neg().bitwise_or(0x80), wide).to(torch::kChar);
+  return sign_and_magnitude.reshape({out / kPanel, in / 4, 2, 4, 8})
+      .permute({0, 1, 3, 2, 4})
+      .contiguous()
+      .reshape({out / kPanel, in / 2, kPanel, 2});
 }
 
 torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, std::optional<torch::Tensor> bias,
                             std::optional<torch::Tensor> scale) {
-#ifdef __AVX512BF16__
+#if defined(__AVX512BF16__) && defined(__AVX512VBMI__)
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16, "x: (rows, in) bf16");
   TORCH_CHECK(packed.dim() == 4 && packed.size(1) * 2 == x.size(1) && packed.is_contiguous(),
               "packed: (out / 16, in / 2, 16, 2) from pack_weight");
@@ -263,7 +316,7 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, std::optional
   });
   return out;
 #else
-  TORCH_CHECK(false, "packed_linear needs a CPU with AVX-512 BF16");
+  TORCH_CHECK(false, "packed_linear needs a CPU with AVX-512 BF16 and VBMI");
 #endif
 }
 

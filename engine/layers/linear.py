@@ -101,7 +101,7 @@ class Linear(nn.Linear):
 
     def packed_weight(self, kernels) -> torch.Tensor | None:
         """The weight in packed_linear's layout, where the CPU runs it and the shape fits."""
-        if self.out_features % 32 or self.in_features % 2 or not kernels.packed_linear_available():
+        if self.out_features % 32 or self.in_features % 4 or not kernels.packed_linear_available():
             return None
         return kernels.pack_weight(self.weight.detach())
 

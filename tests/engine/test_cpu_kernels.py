@@ -356,6 +356,21 @@ def test_a_packed_products_row_has_the_same_bits_whatever_rows_share_the_call(in
 
 
 @pytest.mark.skipif(not PACKED, reason="packed_linear needs a CPU with AVX-512 BF16 units")
+@pytest.mark.parametrize("rows", [8, 256], ids=["in-registers", "through-the-buffer"])
+def test_every_packed_int8_value_widens_exactly(rows):
+    """One-hot rows of x pick single weights out, so each output is one int8 value times its scale; every
+    value from -127 to 127 appears, at every position of the 64-value groups the widening reads."""
+    values = torch.arange(-127, 128).repeat(32 * 256 // 255 + 1)[: 32 * 256]
+    weight = values[torch.randperm(len(values), generator=torch.Generator().manual_seed(0))].reshape(32, 256)
+    weight = weight.to(torch.int8)
+    scale = torch.ones(32)
+    picked = torch.randperm(256)[:rows]
+    x = torch.eye(256, dtype=torch.bfloat16)[picked]
+    got = cpu_kernels().packed_linear(x, cpu_kernels().pack_weight(weight), None, scale)
+    assert torch.equal(got.float(), weight.T[picked].float())
+
+
+@pytest.mark.skipif(not PACKED, reason="packed_linear needs a CPU with AVX-512 BF16 units")
 def test_packed_int8_weights_need_their_scale_and_only_they_take_one():
     kernels = cpu_kernels()
     x = torch.ones(2, 64, dtype=torch.bfloat16)
@@ -373,6 +388,16 @@ def test_packing_refuses_shapes_it_cannot_hold():
     kernels = cpu_kernels()
     with pytest.raises(RuntimeError, match="multiple of 32"):
         kernels.pack_weight(torch.zeros(48, 64, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="multiple of 4"):
+        kernels.pack_weight(torch.zeros(32, 66, dtype=torch.bfloat16))
+
+
+def test_packing_refuses_int8_weights_that_sign_and_magnitude_cannot_hold():
+    """-128 has no 7-bit magnitude; quantize_int8 never makes it."""
+    weight = torch.zeros(32, 64, dtype=torch.int8)
+    weight[3, 5] = -128
+    with pytest.raises(RuntimeError, match=r"\[-127, 127\]"):
+        cpu_kernels().pack_weight(weight)
 
 
 @pytest.fixture(scope="module")

@@ -28,9 +28,10 @@ def max_kernel_rows(
 
     Packed int8 weights (widened to bf16 in the kernel, on CPUs with AVX-512 BF16 and no AMX) beat both
     the few-row kernel and torch's product from two rows: the 30 layers on the 2-core AVX-512 BF16
-    machine took 8.4 ms at 8 rows against 19.5 and 26.3, 25.8 at 32 against 71 and 47, 291 at 512 against
-    torch's 415, within 10 % of packed bf16.  At one row the few-row kernel keeps them (4.7 ms against
-    6.3), so they count as packed for every size (Linear.forward sends one row to the few-row kernel)."""
+    machine took 7.1 ms at 8 rows against 18 and 36, 23.1 at 32 against 62 and 60, 295 at 512 against
+    torch's 400, within 2-4 % of packed bf16 (22.2 and 286).  At one row the few-row kernel keeps them
+    (5.2 ms against 6.2; 5.0 with two items per tile), so they count as packed for every size
+    (Linear.forward sends one row to the few-row kernel)."""
     if packed:
         return sys.maxsize if amx_tiles or not cpu_has_amx() else 4
     if not cpu_has_bf16_units():

@@ -56,6 +56,26 @@ struct Bf16Loading {
   }
 };
 
+// The bf16 bits of the integers 0-127 (exact: at most 7 significant bits), split into low and high bytes.
+struct MagnitudeBytes {
+  alignas(64) uint8_t low[128] = {};
+  alignas(64) uint8_t high[128] = {};
+};
+
+constexpr MagnitudeBytes magnitude_bytes() {
+  MagnitudeBytes bytes;
+  for (int magnitude = 1; magnitude < 128; ++magnitude) {
+    int exponent = 0;
+    while (magnitude >> (exponent + 1)) ++exponent;
+    const int bits = (127 + exponent) << 7 | ((magnitude << (7 - exponent)) & 0x7F);
+    bytes.low[magnitude] = bits & 0xFF;
+    bytes.high[magnitude] = bits >> 8;
+  }
+  return bytes;
+}
+
+inline constexpr MagnitudeBytes kMagnitudeBytes = magnitude_bytes();
+
 // int8 weights are packed as sign and magnitude (pack_weight), so a value's bf16 is the magnitude's bf16,
 // two bytes looked up in 128-entry tables (vpermi2b), with the sign bit ORed into the high byte: 5
 // instructions per 64 values, where sign-extending, converting and rounding took 12.  The bytes are
@@ -64,15 +84,9 @@ struct Int8Widening {
   __m512i low[2], high[2], sign;
 
   Int8Widening() {
-    alignas(64) uint8_t low_bytes[128], high_bytes[128];
-    for (int magnitude = 0; magnitude < 128; ++magnitude) {
-      const uint16_t bits = c10::BFloat16(static_cast<float>(magnitude)).x;  // exact: 7 significant bits
-      low_bytes[magnitude] = bits & 0xFF;
-      high_bytes[magnitude] = bits >> 8;
-    }
     for (int half = 0; half < 2; ++half) {
-      low[half] = _mm512_load_si512(low_bytes + 64 * half);
-      high[half] = _mm512_load_si512(high_bytes + 64 * half);
+      low[half] = _mm512_load_si512(kMagnitudeBytes.low + 64 * half);
+      high[half] = _mm512_load_si512(kMagnitudeBytes.high + 64 * half);
     }
     sign = _mm512_set1_epi8(static_cast<char>(0x80));
   }

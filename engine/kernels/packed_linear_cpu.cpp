@@ -22,9 +22,9 @@
 // every row and torch's product needs a bf16 copy of every weight written to memory.  The lookups need
 // AVX-512 VBMI, which every CPU with AVX-512 BF16 has but Cooper Lake; there torch's products run.
 //
-// packed (out / 16, in / 2, 16, 2) bf16 or int8, from pack_weight (int8's bytes reordered within it); x (rows, in) bf16; bias (out,) or
-// none; int8 weights' scale (out,) float32.  The products accumulate in float32, are scaled and biased
-// there, and are rounded to bf16 once.
+// packed (out / 16, in / 2, 16, 2) bf16 or int8, from pack_weight (int8's bytes reordered within it);
+// x (rows, in) bf16; bias (out,) or none; int8 weights' scale (out,) float32.  The products accumulate in
+// float32, are scaled and biased there, and are rounded to bf16 once.
 #include <ATen/Parallel.h>
 
 #include <memory>

@@ -360,11 +360,11 @@ def test_a_packed_products_row_has_the_same_bits_whatever_rows_share_the_call(in
 def test_every_packed_int8_value_widens_exactly(rows):
     """One-hot rows of x pick single weights out, so each output is one int8 value times its scale; every
     value from -127 to 127 appears, at every position of the 64-value groups the widening reads."""
+    generator = torch.Generator().manual_seed(0)
     values = torch.arange(-127, 128).repeat(32 * 256 // 255 + 1)[: 32 * 256]
-    weight = values[torch.randperm(len(values), generator=torch.Generator().manual_seed(0))].reshape(32, 256)
-    weight = weight.to(torch.int8)
+    weight = values[torch.randperm(len(values), generator=generator)].reshape(32, 256).to(torch.int8)
     scale = torch.ones(32)
-    picked = torch.randperm(256)[:rows]
+    picked = torch.randperm(256, generator=generator)[:rows]
     x = torch.eye(256, dtype=torch.bfloat16)[picked]
     got = cpu_kernels().packed_linear(x, cpu_kernels().pack_weight(weight), None, scale)
     assert torch.equal(got.float(), weight.T[picked].float())

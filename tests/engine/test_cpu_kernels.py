@@ -356,18 +356,17 @@ def test_a_packed_products_row_has_the_same_bits_whatever_rows_share_the_call(in
 
 
 @pytest.mark.skipif(not PACKED, reason="packed_linear needs a CPU with AVX-512 BF16 units")
-@pytest.mark.parametrize("rows", [8, 256], ids=["in-registers", "through-the-buffer"])
+@pytest.mark.parametrize("rows", [8, 512], ids=["in-registers", "through-the-buffer"])
 def test_every_packed_int8_value_widens_exactly(rows):
-    """One-hot rows of x pick single weights out, so each output is one int8 value times its scale; every
-    value from -127 to 127 appears, at every position of the 64-value groups the widening reads."""
-    generator = torch.Generator().manual_seed(0)
-    values = torch.arange(-127, 128).repeat(32 * 256 // 255 + 1)[: 32 * 256]
-    weight = values[torch.randperm(len(values), generator=generator)].reshape(32, 256).to(torch.int8)
-    scale = torch.ones(32)
-    picked = torch.randperm(256, generator=generator)[:rows]
-    x = torch.eye(256, dtype=torch.bfloat16)[picked]
-    got = cpu_kernels().packed_linear(x, cpu_kernels().pack_weight(weight), None, scale)
-    assert torch.equal(got.float(), weight.T[picked].float())
+    """One-hot rows of x pick single weights out, so each output is one int8 value times its scale.  A
+    weight's place in the 64-value groups the widening reads is its column mod 16 and its input mod 4;
+    here each of those 64 places holds every value from -127 to 127 (inputs in steps of 4 walk them)."""
+    columns, inputs = torch.arange(32)[:, None], torch.arange(512)[None, :]
+    weight = (((columns // 16) * 128 + inputs // 4) % 255 - 127).to(torch.int8)
+    packed, scale = cpu_kernels().pack_weight(weight), torch.ones(32)
+    one_hot = torch.eye(512, dtype=torch.bfloat16)
+    got = torch.cat([cpu_kernels().packed_linear(x, packed, None, scale) for x in one_hot.split(rows)])
+    assert torch.equal(got.float(), weight.T.float())
 
 
 @pytest.mark.skipif(not PACKED, reason="packed_linear needs a CPU with AVX-512 BF16 units")

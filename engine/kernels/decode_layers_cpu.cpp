@@ -61,8 +61,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
   const double scale = std::pow(static_cast<double>(head_dim), -0.5);  // as Python's head_dim ** -0.5
   const auto linear = [&](const torch::Tensor& input, const LinearWeights& w) {
     if (kernel_rows <= max_kernel_rows_) {  // as layers/linear.py's Linear.forward chooses
-      const bool packed = w.packed.has_value() && (!w.scale.has_value() || kernel_rows > 1);
-      if (packed) return packed_linear(input, *w.packed, w.bias, w.scale);
+      if (w.packed.has_value()) return packed_linear(input, *w.packed, w.bias, w.scale);
       return few_rows_linear(input, w.weight, w.bias, w.scale);
     }
     if (w.onednn.has_value()) return onednn_linear(input, *w.onednn, w.bias);

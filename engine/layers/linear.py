@@ -29,9 +29,8 @@ def max_kernel_rows(
     Packed int8 weights (widened to bf16 in the kernel, on CPUs with AVX-512 BF16 and no AMX) beat both
     the few-row kernel and torch's product from two rows: the 30 layers on the 2-core AVX-512 BF16
     machine took 7.1 ms at 8 rows against 18 and 36, 23.1 at 32 against 62 and 60, 295 at 512 against
-    torch's 400, within 2-4 % of packed bf16 (22.2 and 286).  At one row the few-row kernel keeps them
-    (5.2 ms against 6.2; 5.0 with two items per tile), so they count as packed for every size
-    (Linear.forward sends one row to the few-row kernel)."""
+    torch's 400, within 2-4 % of packed bf16 (22.2 and 286).  At one row, with one 16-column panel per
+    work item, they beat the few-row kernel too (3.7-3.9 ms against 3.9-4.2), so they serve every size."""
     if packed:
         return sys.maxsize if amx_tiles or not cpu_has_amx() else 4
     if not cpu_has_bf16_units():
@@ -56,9 +55,8 @@ class Linear(nn.Linear):
     on or off.  A layer the tiles cannot take (inputs not a multiple of 32) sends products of more than a
     few rows to oneDNN, with the weight reordered once into its blocked layout, as vLLM's CPU build does,
     instead of torch's product, which reorders it on every call.
-    int8 weights are packed the same way where the CPU has AVX-512 BF16 and no AMX, and products of two
-    rows or more go there; one row stays on the few-row kernel, so an int8 token's numbers can depend on
-    whether it had its step to itself.
+    int8 weights are packed the same way where the CPU has AVX-512 BF16 and no AMX, widened to bf16 as
+    they are read, and every product goes there, so int8 replies are batch-invariant too.
     Elsewhere, a decode step's few rows go to the few-row kernel, bound by reading the weights, which
     torch's general product reads at about half the bandwidth for one row and slower for two to eight
     (kernels/few_rows_linear_cpu.cpp); more rows go to torch (max_kernel_rows).
@@ -114,9 +112,7 @@ class Linear(nn.Linear):
         """kernel_rows: the rows that choose the kernel, where x has more (AttentionMetadata.kernel_rows)."""
         rows = x.shape[0] if kernel_rows is None else kernel_rows
         if self.kernels is not None and rows <= self.max_kernel_rows:
-            # int8 weights at one row: the few-row kernel, widening as it reads, beats the packed copy
-            # (decode_layers_cpu.cpp chooses the same way).
-            if self.packed is not None and (self.weight_scale is None or rows > 1):
+            if self.packed is not None:
                 return self.kernels.packed_linear(x, self.packed, self.bias, self.weight_scale)
             return self.kernels.few_rows_linear(x, self.weight, self.bias, self.weight_scale)
         if self.onednn is not None:

@@ -1,7 +1,8 @@
-"""Where every product of a bf16 model runs on our packed kernels (a CPU with AVX-512 BF16 or AMX units),
-each row's sums depend on that row alone, so a request's logits have the same bits whatever shares its
-steps: other requests, prefill chunks cut elsewhere, speculative drafts.  Greedy replies then do not
-depend on load.  (Elsewhere bf16 products round differently by batch size, as torch's and vLLM's do.)"""
+"""Where every product of a bf16 model runs on our packed kernels (a CPU with AVX-512 BF16 or AMX units;
+int8 weights on AVX-512 BF16 without AMX), each row's sums depend on that row alone, so a request's logits
+have the same bits whatever shares its steps: other requests, prefill chunks cut elsewhere, speculative
+drafts.  Greedy replies then do not depend on load.  (Elsewhere bf16 products round differently by batch
+size, as torch's and vLLM's do.)"""
 
 import sys
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from engine.config import EngineConfig
+from engine.config import EngineConfig, cpu_has_amx
 from engine.kernels import cpu_kernels
 from engine.layers.linear import Linear
 from engine.llm_engine import LLMEngine
@@ -42,15 +43,21 @@ def of_request(recorded: dict[tuple[str, int], torch.Tensor], request_id: str) -
     return {position: logits for (owner, position), logits in recorded.items() if owner == request_id}
 
 
-@pytest.mark.parametrize("repeats", [4, 22])  # about 60 and 570 prompt tokens
-def test_a_requests_logits_keep_their_bits_beside_others_and_in_other_chunks(smollm2_dir, repeats):
+INT8_PACKED = pytest.param(
+    4, "int8", marks=pytest.mark.skipif(cpu_has_amx(), reason="int8 products are packed only without AMX")
+)
+
+
+# 4 and 22 repeats: about 60 and 570 prompt tokens
+@pytest.mark.parametrize("repeats, quantization", [(4, None), (22, None), INT8_PACKED])
+def test_a_requests_logits_keep_their_bits_beside_others_and_in_other_chunks(smollm2_dir, repeats, quantization):
     prompt = "Tell me about the order A-7731-Q for the Nordic Steel Kettle, shipped on Monday. " * repeats
-    alone_engine = bf16_engine(smollm2_dir)
+    alone_engine = bf16_engine(smollm2_dir, quantization=quantization)
     alone = record_logits(alone_engine)
     reply = run(alone_engine, {"r": prompt}, 16)["r"]
 
     # A 40-token budget cuts r's prefill into chunks that share steps with the others' decodes.
-    busy_engine = bf16_engine(smollm2_dir, max_num_batched_tokens=40)
+    busy_engine = bf16_engine(smollm2_dir, quantization=quantization, max_num_batched_tokens=40)
     busy = record_logits(busy_engine)
     others = {f"other-{i}": text for i, text in enumerate(PROMPTS)}
     replies = run(busy_engine, {**others, "r": prompt}, 16)

@@ -50,7 +50,9 @@ INT8_PACKED = pytest.param(
 
 # 4 and 22 repeats: about 60 and 570 prompt tokens
 @pytest.mark.parametrize("repeats, quantization", [(4, None), (22, None), INT8_PACKED])
-def test_a_requests_logits_keep_their_bits_beside_others_and_in_other_chunks(smollm2_dir, repeats, quantization):
+def test_a_requests_logits_keep_their_bits_beside_others_and_in_other_chunks(
+    smollm2_dir, repeats, quantization
+):
     prompt = "Tell me about the order A-7731-Q for the Nordic Steel Kettle, shipped on Monday. " * repeats
     alone_engine = bf16_engine(smollm2_dir, quantization=quantization)
     alone = record_logits(alone_engine)

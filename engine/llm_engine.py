@@ -1,5 +1,6 @@
 """The engine loop: add requests, step (schedule, run, postprocess), report what changed."""
 
+import ctypes
 import hashlib
 import time
 from collections import deque
@@ -61,6 +62,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         kv_cache = KvCache(model.shape, num_blocks, config.block_size, self.kv_dtype, self.device)
         self.runner = ModelRunner(model, kv_cache)
+        give_back_freed_heap()
         self.session_kv = SessionCache(self.block_manager, kv_cache)
         self.scheduler = Scheduler(config, self.block_manager, self.session_kv, self.max_model_len)
         self.fingerprint = model_fingerprint(config.model, self.dtype, config.quantization)
@@ -237,6 +239,15 @@ def eos_token_ids(model_dir, tokenizer) -> set[int]:
     if configured is not None:
         ids |= set(configured) if isinstance(configured, list) else {configured}
     return ids
+
+
+def give_back_freed_heap() -> None:
+    """Loading frees the checkpoint's float copies and, where packed copies serve every product, the plain
+    weights; glibc keeps freed heap memory for reuse until asked to return it (SmolLM2 int8 on the AVX-512
+    BF16 kind: 836 MB resident after loading, 698 MB after this)."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc only
+    if trim is not None:
+        trim(0)
 
 
 def model_fingerprint(model_dir, dtype: torch.dtype, quantization: str | None = None) -> str:

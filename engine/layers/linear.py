@@ -47,7 +47,8 @@ class Linear(nn.Linear):
     (kernels/packed_linear_cpu.cpp), and products go there (max_kernel_rows): on a 2-core AVX-512 BF16
     machine, SmolLM2's 30 layers took the same time from 1 to 8 rows (5.4-6.8 ms, where the few-row kernel
     jumps from 5.6 ms at 3 rows to 13 ms at 4) and beat torch's product up to a prefill chunk (32 rows 12.5
-    ms against 17.1; 512 rows 116 against 126).  The packed copy costs the weights' bytes once more.
+    ms against 17.1; 512 rows 116 against 126).  The plain weight is then released: the weights are held
+    once (a tied lm_head keeps the embeddings' rows and a packed copy of them).
     Where the CPU also has AMX tiles, packed_linear runs on them: a product costs about one read of the
     weights up to dozens of rows and beats oneDNN at any size.  On either unit every row's sums depend on
     that row alone, and every product of a layer goes there, so a token's numbers never depend on what
@@ -75,7 +76,11 @@ class Linear(nn.Linear):
         self.weight = nn.Parameter(q, requires_grad=False)
 
     def use_kernels(self, kernels, dtype: torch.dtype) -> None:
-        """dtype: the model's compute dtype (an int8 layer's weight does not say it)."""
+        """dtype: the model's compute dtype (an int8 layer's weight does not say it).  Where the packed copy
+        then serves products of every size, the plain weight is released (a meta tensor keeps its shape and
+        dtype), so the weights are held once; such a layer cannot be given other kernels."""
+        if self.weight.is_meta:
+            raise RuntimeError("the plain weight was released to the packed copy; load the model again")
         self.kernels = kernels
         self.packed = self.onednn = None
         amx_tiles = False
@@ -87,6 +92,8 @@ class Linear(nn.Linear):
                 # int8 takes the vector path only, which AMX machines run slowly for many rows (above).
                 self.packed = self.packed_weight(kernels)
         self.max_kernel_rows = max_kernel_rows(dtype, quantized, self.packed is not None, amx_tiles)
+        if self.max_kernel_rows == sys.maxsize:
+            self.weight = nn.Parameter(self.weight.detach().to("meta"), requires_grad=False)
 
     def pack_bf16(self, kernels) -> bool:
         """Packs the weight where our kernels take it, else reorders it for oneDNN on AMX machines.

@@ -130,10 +130,11 @@ class CausalLM(nn.Module):
                 module.quantize_int8_()
 
     def weight_bytes(self) -> int:
-        """Bytes of every parameter (a tied lm_head counted once), int8 scale and packed copies."""
+        """Bytes of every parameter held (a tied lm_head counted once, a released weight not at all), int8
+        scales and packed copies."""
         linears = [m for m in self.modules() if isinstance(m, Linear)]
         extras = [t for m in linears for t in (m.weight_scale, m.packed, m.onednn) if t is not None]
-        return sum(t.nbytes for t in [*self.parameters(), *extras])
+        return sum(t.nbytes for t in [*self.parameters(), *extras] if not t.is_meta)
 
     def forward(self, input_ids, positions, kv_cache, kv_scales, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states (tokens, hidden) after the final norm.  kv_cache: (layers, 2, blocks, kv_heads,

@@ -1,9 +1,13 @@
 """Our C++ CPU kernels match the torch path: decode and prefill attention (over caches of the compute
 dtype and over int8 caches), few-row linears, norms, rotary, KV writes."""
 
+import math
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from transformers import LlamaConfig
 
 from engine import LLM, SamplingParams
@@ -23,6 +27,7 @@ from engine.layers.linear import Linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.llm_engine import LLMEngine
+from engine.model_files import weight_files
 from engine.quantization import dequantize_int8, quantize_int8
 from engine.testing.oracle import VARIANTS
 from engine.testing.tiny_models import TINY_CONFIGS, build_model
@@ -298,10 +303,10 @@ def test_a_bf16_product_is_a_float32_product_rounded_once(rows):
     widened to float32 where the CPU has no bf16 units."""
     generator = torch.Generator().manual_seed(2)
     layer = Linear(576, 960, bias=True).to(torch.bfloat16)
-    layer.use_kernels(cpu_kernels(), torch.bfloat16)
     x = torch.randn(rows, 576, generator=generator).to(torch.bfloat16)
-    got = layer(x)
     expected = F.linear(x.float(), layer.weight.float(), layer.bias.float())
+    layer.use_kernels(cpu_kernels(), torch.bfloat16)
+    got = layer(x)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), expected, atol=2e-2 * 576**0.5, rtol=2e-2)
 
@@ -397,6 +402,25 @@ def test_packing_refuses_int8_weights_that_sign_and_magnitude_cannot_hold():
     weight[3, 5] = -128
     with pytest.raises(RuntimeError, match=r"\[-127, 127\]"):
         cpu_kernels().pack_weight(weight)
+
+
+@pytest.mark.skipif(not PACKED, reason="packed_linear needs a CPU with AVX-512 BF16 units")
+def test_where_the_packed_copy_serves_every_product_the_plain_weight_is_released(smollm2_dir):
+    llm = LLM(str(smollm2_dir), dtype="bfloat16", num_kv_blocks=64)
+    model = llm.engine.runner.model
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert all(m.weight.is_meta and m.max_kernel_rows == sys.maxsize for m in linears)
+    checkpoint_values = 0
+    for file in weight_files(smollm2_dir):
+        with safe_open(file, framework="pt") as tensors:
+            shapes = [tensors.get_slice(name).get_shape() for name in tensors.keys()]  # noqa: SIM118
+            checkpoint_values += sum(math.prod(shape) for shape in shapes)
+    # The weights once, and a packed copy of the embeddings for the tied lm_head (28 MB of 269).
+    assert llm.engine.stats().weight_bytes < 1.25 * 2 * checkpoint_values
+    reply = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=4))
+    assert "Paris" in reply[0].outputs[0].text
+    with pytest.raises(RuntimeError, match="released"):
+        model.lm_head.use_kernels(None, torch.bfloat16)
 
 
 @pytest.fixture(scope="module")

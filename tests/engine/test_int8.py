@@ -80,7 +80,7 @@ def test_every_linear_layer_is_int8_and_the_tied_embeddings_stay_in_the_compute_
     assert all(m.weight.dtype == torch.int8 and m.weight_scale.dtype == torch.float32 for m in linears)
     assert model.embed_tokens.weight.dtype == torch.bfloat16
     bf16 = LLM(str(smollm2_dir), dtype="bfloat16", num_kv_blocks=64)
-    # Where the CPU runs packed products, both keep a packed copy (layers/linear.py).
+    # Where the CPU runs packed products, both hold only the packed copy (layers/linear.py).
     assert llm.engine.stats().weight_bytes < 0.75 * bf16.engine.stats().weight_bytes
     question = [{"role": "user", "content": "What is the capital of France?"}]
     reply = llm.chat(question, SamplingParams(temperature=0, max_tokens=8))

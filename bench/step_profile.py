@@ -1,13 +1,16 @@
 """What bounds our engine's decode: the time its matrix products need alone, against the whole step.
 
-    .venv/bin/python -m bench.step_profile [--batch-sizes 1 32] [--new-tokens 64]
+    .venv/bin/python -m bench.step_profile [--dtype auto] [--quantizations none int8] [--batch-sizes 1 32]
+        [--new-tokens 64] [--rounds 5]
 
-For each batch size: the engine decodes `--new-tokens` greedy tokens (ignore_eos) from 100-token chat
-prompts (wall time per decode step, no profiler); then every linear layer of the model (lm_head included)
-is timed alone on the same number of rows, through the forward the engine calls.  The rest of the step is
-attention, norms, activations, per-op dispatch and our Python (scheduling, block tables, sampling).
-torch.profiler is run once more to count the torch ops per step (our C++ kernels are not among them).
-Results: bench/results/step_profile.json.
+For each weight format (one engine each, all in this process) and batch size: the engine decodes
+`--new-tokens` greedy tokens (ignore_eos) from 100-token chat prompts (wall time per decode step, no
+profiler); then every linear layer of the model (lm_head included) is timed alone on the same number of
+rows, through the forward the engine calls.  Rounds interleave the formats, so a machine whose speed
+drifts treats them alike; a figure is the median of its rounds.  The rest of the step is attention,
+norms, activations, per-op dispatch and our Python (scheduling, block tables, sampling).  torch.profiler
+is run once more to count the torch ops per step (our C++ kernels are not among them).
+Results: bench/results/<machine kind>/step_profile_<dtype>.json.
 """
 
 import argparse
@@ -19,9 +22,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench import workloads
+from bench.machine import describe
+from bench.throughput import spread
 from engine import LLM, SamplingParams
 
-RESULTS = Path(__file__).resolve().parent / "results" / "step_profile.json"
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def decode_step_seconds(llm: LLM, batch_size: int, new_tokens: int) -> float:
@@ -36,9 +41,10 @@ def decode_step_seconds(llm: LLM, batch_size: int, new_tokens: int) -> float:
     return (time.perf_counter() - start - prefill) / (new_tokens - 1)
 
 
-def matrix_seconds(model: torch.nn.Module, rows: int, repeats: int = 20) -> float:
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    inputs = [torch.randn(rows, m.in_features, dtype=m.weight.dtype) for m in linears]
+def matrix_seconds(llm: LLM, rows: int, repeats: int = 20) -> float:
+    linears = [m for m in llm.engine.runner.model.modules() if isinstance(m, torch.nn.Linear)]
+    # The compute dtype: an int8 layer's weight does not say it.
+    inputs = [torch.randn(rows, m.in_features, dtype=llm.engine.dtype) for m in linears]
     for layer, x in zip(linears, inputs, strict=True):
         layer(x)
     start = time.perf_counter()
@@ -56,15 +62,14 @@ def ops_per_step(llm: LLM, batch_size: int, steps: int = 8) -> float:
     return len(top_level) / steps
 
 
-def measure(llm: LLM, batch_size: int, new_tokens: int) -> dict:
-    step = decode_step_seconds(llm, batch_size, new_tokens)
-    matrix = matrix_seconds(llm.engine.runner.model, batch_size)
+def summarise(llm: LLM, batch_size: int, steps: list[float], products: list[float]) -> dict:
+    rest = [(step - product) * 1e3 for step, product in zip(steps, products, strict=True)]
     return {
         "batch_size": batch_size,
-        "decode_step_ms": step * 1e3,
-        "output_tokens_per_s": batch_size / step,
-        "matrix_products_ms": matrix * 1e3,
-        "matrix_share": matrix / step,
+        "decode_step_ms": spread([step * 1e3 for step in steps]),
+        "output_tokens_per_s": batch_size / sorted(steps)[len(steps) // 2],
+        "matrix_products_ms": spread([product * 1e3 for product in products]),
+        "rest_of_step_ms": spread(rest),
         "torch_ops_per_step": ops_per_step(llm, batch_size),
     }
 
@@ -73,16 +78,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantizations", nargs="+", default=["none"], choices=["none", "int8"])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     from engine.default_model import default_model_dir
 
-    llm = LLM(str(default_model_dir()))
-    results = [measure(llm, size, args.new_tokens) for size in args.batch_sizes]
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2))
-    print(json.dumps(results, indent=2))
+    machine = describe(None)
+    llms = {
+        name: LLM(str(default_model_dir()), dtype=args.dtype, quantization=None if name == "none" else name)
+        for name in args.quantizations
+    }
+    dtype = str(next(iter(llms.values())).engine.dtype).removeprefix("torch.")
+    report = {"machine": machine, "dtype": dtype, "rounds": args.rounds, "quantizations": {}}
+    for size in args.batch_sizes:
+        steps = {name: [] for name in llms}
+        products = {name: [] for name in llms}
+        for _ in range(args.rounds):
+            for name, llm in llms.items():
+                steps[name].append(decode_step_seconds(llm, size, args.new_tokens))
+                products[name].append(matrix_seconds(llm, size))
+        for name, llm in llms.items():
+            figures = summarise(llm, size, steps[name], products[name])
+            report["quantizations"].setdefault(name, []).append(figures)
+    path = RESULTS / machine["kind"] / f"step_profile_{dtype}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

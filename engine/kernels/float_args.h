@@ -9,6 +9,8 @@ namespace kvchat {
 
 inline std::optional<torch::Tensor> as_float(const std::optional<torch::Tensor>& tensor) {
   if (!tensor.has_value()) return std::nullopt;
+  // Already float32 (int8 scales always are): no dispatch, which would cost a torch op per product.
+  if (tensor->scalar_type() == torch::kFloat && tensor->is_contiguous()) return tensor;
   return tensor->to(torch::kFloat).contiguous();
 }
 

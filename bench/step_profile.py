@@ -64,10 +64,11 @@ def ops_per_step(llm: LLM, batch_size: int, steps: int = 8) -> float:
 
 def summarise(llm: LLM, batch_size: int, steps: list[float], products: list[float]) -> dict:
     rest = [(step - product) * 1e3 for step, product in zip(steps, products, strict=True)]
+    step_ms = spread([step * 1e3 for step in steps])
     return {
         "batch_size": batch_size,
-        "decode_step_ms": spread([step * 1e3 for step in steps]),
-        "output_tokens_per_s": batch_size / sorted(steps)[len(steps) // 2],
+        "decode_step_ms": step_ms,
+        "output_tokens_per_s": batch_size * 1e3 / step_ms["median"],
         "matrix_products_ms": spread([product * 1e3 for product in products]),
         "rest_of_step_ms": spread(rest),
         "torch_ops_per_step": ops_per_step(llm, batch_size),

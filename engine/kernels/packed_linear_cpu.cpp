@@ -163,8 +163,8 @@ void row_tiles(const c10::BFloat16* x, int64_t rows, int64_t in, const W* panels
 // Every row of x through the items [begin, end) of PANELS panels.  int8 weights are widened in registers
 // while one row tile passes over them, else once per item into a buffer the row tiles then share.
 template <int PANELS, typename W>
-void vector_linear(const c10::BFloat16* x, int64_t rows, int64_t in, const W* weights, const float* bias,
-                   const float* scale, c10::BFloat16* out, int64_t out_features, int64_t begin, int64_t end) {
+void vector_items(const c10::BFloat16* x, int64_t rows, int64_t in, const W* weights, const float* bias,
+                  const float* scale, c10::BFloat16* out, int64_t out_features, int64_t begin, int64_t end) {
   constexpr int64_t kItemColumns = PANELS * kPanel;  // a panel of 16 columns holds 16 * in values
   const bool widen_once = std::is_same_v<W, int8_t> && rows > kRowTile;
   // Uninitialized: widen() writes it whole before it is read.
@@ -185,14 +185,16 @@ void vector_linear(const c10::BFloat16* x, int64_t rows, int64_t in, const W* we
 
 // One row reads an item's weights once, so a narrower item costs nothing in reuse, and one stream of
 // weights per thread instead of two reads them faster: SmolLM2's 30 int8 layers at one row took
-// 3.3-3.5 ms against 4.1-4.3 with two panels (and the few-row kernel's 3.9-4.1); bf16 did not change.
+// 3.3-3.9 ms against 4.1-4.7 with two panels in a standalone test (in the engine, 3.7-3.9 ms against the
+// few-row kernel's 3.9-4.2); bf16 did not change.  At 2-8 rows one panel was slower (5 int8 rows: 9.3 ms
+// against 8.1), so more rows keep two.
 template <typename W>
 void vector_linear(const c10::BFloat16* x, int64_t rows, int64_t in, const W* weights, const float* bias,
                    const float* scale, c10::BFloat16* out, int64_t out_features) {
   const auto run = [&](auto panels) {
     constexpr int kItemPanels = decltype(panels)::value;
     at::parallel_for(0, out_features / (kItemPanels * kPanel), 1, [&](int64_t begin, int64_t end) {
-      vector_linear<kItemPanels>(x, rows, in, weights, bias, scale, out, out_features, begin, end);
+      vector_items<kItemPanels>(x, rows, in, weights, bias, scale, out, out_features, begin, end);
     });
   };
   if (rows == 1) return run(std::integral_constant<int, 1>{});

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.huge_pages import move_to_huge_pages
 from engine.layers.attention import AttentionMetadata, LayerCache, paged_attention
 from engine.layers.linear import Linear
 from engine.layers.norm import RMSNorm
@@ -179,7 +180,26 @@ class CausalLM(nn.Module):
                 module.kernels = kernels
             elif isinstance(module, Attention):
                 module.kernels = kernels if attention else None
+        self.move_weights_to_huge_pages()  # the packed copies, now that they are made
         self.decode_layers = self.kernel_decode_layers(kernels) if kernels is not None and attention else None
+
+    def move_weights_to_huge_pages(self) -> None:
+        """The weights decode steps stream through, into one area on huge pages (engine/huge_pages.py):
+        each linear layer's packed copy, or its plain weight where the products read that one."""
+        linears = [m for m in self.modules() if isinstance(m, Linear)]
+        packed = [m for m in linears if m.packed is not None]
+        plain = {id(m.weight): m.weight for m in linears if m.packed is None and not m.weight.is_meta}
+        copies = move_to_huge_pages([m.packed for m in packed] + [p.detach() for p in plain.values()])
+        for module, copy in zip(packed, copies, strict=False):
+            module.packed = copy
+        moved = {
+            key: nn.Parameter(copy, requires_grad=False)
+            for key, copy in zip(plain, copies[len(packed) :], strict=True)
+        }
+        for module in self.modules():  # a tied lm_head and the embeddings keep sharing one tensor
+            for name, param in list(module.named_parameters(recurse=False)):
+                if id(param) in moved:
+                    setattr(module, name, moved[id(param)])
 
     def kernel_decode_layers(self, kernels):
         shape = self.shape

@@ -1,5 +1,4 @@
-"""Memory on transparent huge pages for the tensors a decode step streams through: the weights and the KV
-cache.
+"""Memory on transparent huge pages for the weights, which a decode step streams through.
 
 A batch-1 step reads every weight once and is bound by memory bandwidth; on 4 KiB pages each page of a
 stream costs a TLB miss and the hardware prefetchers stop at its boundary.  On 2 MiB pages SmolLM2's

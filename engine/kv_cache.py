@@ -7,12 +7,10 @@ are.  Slots are read and written in their stored form, so compressing, saving an
 never rounds its KV a second time.
 """
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from engine.huge_pages import zeros_on_huge_pages
 from engine.models.decoder import ModelShape
 
 
@@ -35,14 +33,6 @@ class SlotsKv:
         return SlotsKv(copy(self.keys), copy(self.values), copy(self.scales), copy(self.importance))
 
 
-def zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
-    """Decode attention streams through the cache as the products do through the weights: on the CPU it
-    lives on huge pages too (engine/huge_pages.py)."""
-    if torch.device(device).type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    return zeros_on_huge_pages(math.prod(shape) * dtype.itemsize).view(dtype).view(shape)
-
-
 class KvCache:
     def __init__(self, shape: ModelShape, blocks: int, block_size: int, dtype: torch.dtype, device):
         """`dtype`: the compute dtype, or torch.int8 for the 8-bit cache."""
@@ -50,10 +40,10 @@ class KvCache:
         layers, kv_heads = shape.num_layers, shape.num_kv_heads
         # (layers, keys/values, blocks, kv_heads, block_size * head_dim); see layers/attention.py.
         width = block_size * shape.head_dim
-        self.tensor = zeros((layers, 2, blocks, kv_heads, width), dtype, device)
+        self.tensor = torch.zeros(layers, 2, blocks, kv_heads, width, dtype=dtype, device=device)
         self.scales = None  # int8: (layers, keys/values, blocks, kv_heads, block_size) float32
         if dtype == torch.int8:
-            self.scales = zeros((layers, 2, blocks, kv_heads, block_size), torch.float32, device)
+            self.scales = torch.zeros(layers, 2, blocks, kv_heads, block_size, device=device)
         self.importance = torch.zeros(blocks * block_size, device=device)  # attention each slot received
 
     @staticmethod

@@ -274,14 +274,37 @@ std::vector<Item> items_of(const Problem& p, int64_t rows) {
   return items;
 }
 
+// Where each thread's contiguous run of items starts (and the last ends), cut where the items' work is
+// about equal: a row costs its tokens of context and a block's worth more.  A step's sequences differ in
+// length by tens of times, and an even split by count kept one thread waiting for the other: OpenMP's
+// wait took 18.6 % of the samples of 32-sequence decode steps (40-728 tokens of prompt).
+std::vector<int64_t> balanced_cuts(const Problem& p, const std::vector<Item>& items, int64_t threads) {
+  std::vector<int64_t> work(items.size() + 1, 0);  // work[i]: the items before i
+  for (size_t i = 0; i < items.size(); ++i) {
+    work[i + 1] = work[i];
+    for (int64_t r = 0; r < items[i].rows; ++r) work[i + 1] += p.lens[items[i].first_row + r] + kBlock;
+  }
+  std::vector<int64_t> cuts(threads + 1, static_cast<int64_t>(items.size()));
+  cuts[0] = 0;
+  for (int64_t t = 1; t < threads; ++t) {
+    const int64_t target = work.back() * t / threads;
+    int64_t cut = std::lower_bound(work.begin(), work.end(), target) - work.begin();
+    if (cut > 0 && target - work[cut - 1] < work[cut] - target) --cut;  // the nearer of the two
+    cuts[t] = std::max(cut, cuts[t - 1]);
+  }
+  return cuts;
+}
+
 template <typename T, typename C, int GROUP>
 void attend_all(const Problem& p, int64_t rows, const T* q, const C* k_cache, const C* v_cache, T* out,
                 float* received_parts) {
   const std::vector<Item> items = items_of(p, rows);
-  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(items.size()));
+  const std::vector<int64_t> cuts = balanced_cuts(p, items, threads);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> buffer;
     // Each row and KV head adds to a row of its own, summed over heads afterwards: no two threads share one.
-    for (int64_t i = begin; i < end; ++i)
+    for (int64_t i = cuts[begin]; i < cuts[end]; ++i)
       attend<T, C, GROUP>(p, q, k_cache, v_cache, items[i], buffer, out, received_parts);
   });
 }

@@ -190,7 +190,7 @@ class CausalLM(nn.Module):
         packed = [m for m in linears if m.packed is not None]
         plain = {id(m.weight): m.weight for m in linears if m.packed is None and not m.weight.is_meta}
         copies = move_to_huge_pages([m.packed for m in packed] + [p.detach() for p in plain.values()])
-        for module, copy in zip(packed, copies, strict=False):
+        for module, copy in zip(packed, copies[: len(packed)], strict=True):
             module.packed = copy
         moved = {
             key: nn.Parameter(copy, requires_grad=False)

@@ -64,7 +64,9 @@ class LLMEngine:
         self.runner = ModelRunner(model, kv_cache)
         give_back_freed_heap()
         self.session_kv = SessionCache(self.block_manager, kv_cache)
-        self.scheduler = Scheduler(config, self.block_manager, self.session_kv, self.max_model_len)
+        self.scheduler = Scheduler(
+            config, self.block_manager, self.session_kv, self.max_model_len, model.rows_per_weight_pass()
+        )
         self.fingerprint = model_fingerprint(config.model, self.dtype, config.quantization)
         self.memory_figures = {
             "dtype": str(self.dtype).removeprefix("torch."),

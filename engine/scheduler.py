@@ -12,14 +12,21 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.sequence import ScheduledSeq, Sequence, Status
 from engine.session_kv import SessionCache
-from engine.speculative import MAX_STEP_ROWS, DraftState, NgramDrafter
+from engine.speculative import LIKELY_ACCEPTANCE, MAX_STEP_ROWS, DraftState, NgramDrafter
 
 
 class Scheduler:
     def __init__(
-        self, config: EngineConfig, block_manager: BlockManager, session_kv: SessionCache, max_model_len: int
+        self,
+        config: EngineConfig,
+        block_manager: BlockManager,
+        session_kv: SessionCache,
+        max_model_len: int,
+        cheap_step_rows: int | None = None,
     ):
         self.max_num_seqs = config.max_num_seqs
+        # Rows a step holds for about the cost of one (the model's rows_per_weight_pass), if known.
+        self.cheap_step_rows = min(cheap_step_rows or MAX_STEP_ROWS, MAX_STEP_ROWS)
         self.max_model_len = max_model_len
         self.drafter = None
         if config.speculative == "ngram":
@@ -86,21 +93,25 @@ class Scheduler:
         return scheduled
 
     def add_drafts(self, scheduled: list[ScheduledSeq]) -> None:
-        """Drafts for decoding sequences, best acceptance first, while the step stays within the token
-        budget and within MAX_STEP_ROWS rows (beyond them a row costs as much as the token it may save)."""
-        budget = min(self.max_num_batched_tokens, MAX_STEP_ROWS) - sum(
-            item.num_new_tokens for item in scheduled
-        )
-        if budget <= 0:
-            return
+        """Drafts for decoding sequences, best acceptance first, within the token budget.  A step's rows
+        up to cheap_step_rows cost about one row; past them each row adds about a decoded token's
+        arithmetic, so only drafts that are usually accepted (LIKELY_ACCEPTANCE) take those rows, and none
+        past MAX_STEP_ROWS."""
+        rows = sum(item.num_new_tokens for item in scheduled)
         decoding = [i for i in scheduled if i.num_new_tokens == 1 and i.seq.num_uncomputed_tokens == 1]
         for item in decoding:
             if item.seq.draft is None:
                 item.seq.draft = DraftState.of_prompt(item.seq.prompt_token_ids)
-        for item in sorted(decoding, key=lambda item: item.seq.draft.acceptance, reverse=True):
+        for item in sorted(
+            decoding, key=lambda item: (likely(item.seq.draft), item.seq.draft.acceptance), reverse=True
+        ):
             seq = item.seq
+            budget = (
+                min(self.max_num_batched_tokens, MAX_STEP_ROWS if likely(seq.draft) else self.cheap_step_rows)
+                - rows
+            )
             if budget <= 0:
-                return
+                return  # the rest come after in the same order, so their limit is no higher
             seq.draft.sync(seq.output_token_ids)
             # The step emits the accepted drafts and one more token: within max_tokens and the context.
             room = min(
@@ -111,7 +122,7 @@ class Scheduler:
             drafts = self.drafter.propose(seq.draft, room)
             if drafts and self.allocate_draft(seq, len(drafts)):
                 item.draft_token_ids = drafts
-                budget -= len(drafts)
+                rows += len(drafts)
 
     def allocate_draft(self, seq: Sequence, count: int) -> bool:
         """Slots for a draft, leaving a free block for each running sequence's next token."""
@@ -177,3 +188,8 @@ class Scheduler:
 
 def remaining_work(seq: Sequence) -> int:
     return seq.num_uncomputed_tokens + seq.params.max_tokens - len(seq.output_token_ids)
+
+
+def likely(draft: DraftState) -> bool:
+    """Whether a sequence's drafts are usually accepted, or it has yet to draft: its first draft shows it."""
+    return draft.drafted == 0 or draft.acceptance >= LIKELY_ACCEPTANCE

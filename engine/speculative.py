@@ -10,8 +10,9 @@ can emit several tokens for the cost of about one where decoding is bound by rea
 Adaptive per sequence: from the second poor draft in a row, drafting pauses for a number of steps that
 doubles with each further one, so a reply with nothing to match decodes as it would without speculation.
 One poor draft is forgiven: a quote often parts from its source for a word and then resumes.  Drafts only
-take the step's token budget that running and waiting requests leave, and only while the step has few
-rows (MAX_STEP_ROWS), best acceptance first (engine/scheduler.py).
+take the step's token budget that running and waiting requests leave, best acceptance first, and only the
+rows a step holds for about the cost of one, unless the sequence's drafts are usually accepted
+(LIKELY_ACCEPTANCE) or it has yet to draft (engine/scheduler.py: likely).
 """
 
 from dataclasses import dataclass
@@ -21,12 +22,13 @@ import numpy as np
 SPECULATIVE_METHODS = ("ngram",)
 MAX_SPECULATIVE_TOKENS = 16  # the most a step checks per sequence
 POOR_ACCEPTANCE = 0.3  # a draft whose accepted share is below this counts as poor
-# Drafts fill a step up to this many rows.  A CPU decode step with few rows is bound by reading the
-# weights (2-core AVX-512 BF16 machine, SmolLM2 in bf16 on the packed products: 6.5 ms at 1 row, 9 at 4,
-# 13 at 8, 16 at 16, 32 at 32); past ~16 rows each row costs about as much as decoding a token (~1 ms),
-# so a draft token, accepted with some chance below one, saves less there than it costs.  32 was chosen
-# when 4 to 16 rows all cost ~25 ms; 16 may now be the better limit (not yet measured).
+# Drafts fill a step up to this many rows.  Up to the rows one pass of the products over the weights
+# serves (the model's rows_per_weight_pass: 8 on AVX-512 BF16 vectors, 32 on AMX tiles) a row costs little;
+# past them each row costs about a decoded token's arithmetic (2-core AVX-512 BF16 machine, SmolLM2 in
+# bf16: a step of 8 sequences 11.6 ms, 32 sequences 36 ms), so a draft token there pays only if it is
+# usually accepted (LIKELY_ACCEPTANCE, a sequence's accepted share so far).
 MAX_STEP_ROWS = 32
+LIKELY_ACCEPTANCE = 0.7
 MAX_PAUSE = 16  # steps
 
 

@@ -12,6 +12,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_linear_available", &kvchat::packed_linear_available, "whether the CPU has AVX-512 BF16 units and VBMI");
   m.def("packed_linear_on_amx", &kvchat::packed_linear_on_amx, "whether products of `in` inputs run on AMX tiles",
         py::arg("in"));
+  m.def("packed_linear_rows_per_pass", &kvchat::packed_linear_rows_per_pass,
+        "rows of x one pass over a packed weight of `in` inputs serves", py::arg("in"));
   m.def("pack_weight", &kvchat::pack_weight, "a bf16 or int8 weight in packed_linear's layout");
   m.def("packed_linear", &kvchat::packed_linear, "x @ weight.T + bias on bf16 dot-product units (int8: with scale)",
         py::arg("x"), py::arg("packed"), py::arg("bias") = py::none(), py::arg("scale") = py::none());

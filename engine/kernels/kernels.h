@@ -35,6 +35,9 @@ bool packed_linear_available();
 // Whether packed_linear runs on AMX tiles for `in` inputs: a multiple of 32, compiled for them, lent by Linux
 // (bf16 weights only).
 bool packed_linear_on_amx(int64_t in);
+// Rows of x that one pass over a packed weight serves (a register tile, or AMX's block of tiles): up to
+// there a product costs about a read of the weights, past it each row adds its arithmetic.
+int64_t packed_linear_rows_per_pass(int64_t in);
 torch::Tensor pack_weight(torch::Tensor weight);
 torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, std::optional<torch::Tensor> bias,
                             std::optional<torch::Tensor> scale);

@@ -316,6 +316,14 @@ bool packed_linear_on_amx(int64_t in) {
 #endif
 }
 
+int64_t packed_linear_rows_per_pass(int64_t in) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if (packed_linear_on_amx(in)) return kBlockRows;
+#endif
+  (void)in;
+  return kRowTile;
+}
+
 torch::Tensor pack_weight(torch::Tensor weight) {
   TORCH_CHECK(weight.dim() == 2 && (weight.scalar_type() == torch::kBFloat16 || weight.scalar_type() == torch::kChar),
               "weight: (out, in) bf16 or int8");

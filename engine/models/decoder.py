@@ -228,5 +228,13 @@ class CausalLM(nn.Module):
             self.layers[0].mlp.down_proj.max_kernel_rows,  # set above; the same for every layer
         )
 
+    def rows_per_weight_pass(self) -> int | None:
+        """Rows a step holds for about the cost of one, where every product reads a packed weight: one
+        pass of the products over the weights serves them; None where that is not known."""
+        linears = [m for m in self.modules() if isinstance(m, Linear)]
+        if not linears or any(m.packed is None for m in linears):
+            return None
+        return min(m.kernels.packed_linear_rows_per_pass(m.in_features) for m in linears)
+
     def logits(self, hidden: torch.Tensor, kernel_rows: int | None = None) -> torch.Tensor:
         return self.lm_head(hidden, kernel_rows).float()

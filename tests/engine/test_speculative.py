@@ -147,6 +147,45 @@ def test_drafts_fill_a_step_only_up_to_its_row_limit_best_acceptance_first(smoll
     assert all(len(step) <= MAX_STEP_ROWS for step in drafted)
 
 
+def step_rows(engine: LLMEngine, prompt: str, requests: int) -> list[int]:
+    """Rows (tokens and drafts) of every step of `requests` greedy copies of the prompt run at once."""
+    steps, run = [], engine.runner.run
+
+    def recorded(batch):
+        steps.append(sum(item.num_input_tokens for item in batch))
+        return run(batch)
+
+    engine.runner.run = recorded
+    for i in range(requests):
+        engine.add_request(str(i), prompt, SamplingParams(temperature=0, max_tokens=24))
+    while engine.has_unfinished_requests():
+        engine.step()
+    return steps
+
+
+def test_drafts_past_the_cheap_rows_of_a_step_only_where_they_are_usually_accepted(
+    smollm2_dir, repeat_prompt
+):
+    # As if one pass of the products over the weights served 4 rows (8 on AVX-512 BF16, 32 on AMX).
+    rejected = engine_for(smollm2_dir, speculative="ngram", num_kv_blocks=256)
+    rejected.scheduler.cheap_step_rows = 4
+    rejected.scheduler.drafter = AlwaysWrong(6, 2, 4)
+    rows = step_rows(rejected, repeat_prompt, 2)
+    # After the prefill, one step where each sequence's first draft shows how it fares, then 4 rows at most.
+    assert rejected.stats().spec_draft_tokens > 0 and max(rows[2:]) <= 4
+    accepted = engine_for(smollm2_dir, speculative="ngram", num_kv_blocks=256)
+    accepted.scheduler.cheap_step_rows = 4
+    rows = step_rows(accepted, repeat_prompt, 2)
+    assert max(rows[1:]) > 4 and accepted.stats().spec_accepted_tokens > 10
+
+
+def test_a_step_holds_one_pass_of_the_packed_products_for_about_the_cost_of_one_row(smollm2_dir):
+    engine = engine_for(smollm2_dir, dtype="bfloat16", speculative="ngram")
+    packed = cpu_kernels() is not None and cpu_kernels().packed_linear_available()
+    expected = min(cpu_kernels().packed_linear_rows_per_pass(576), MAX_STEP_ROWS) if packed else MAX_STEP_ROWS
+    assert engine.scheduler.cheap_step_rows == expected
+
+
 @pytest.mark.parametrize("max_tokens", [2, 5, 9, 14])
 def test_max_tokens_inside_an_accepted_draft_cuts_where_it_cuts_without_speculation(
     smollm2_dir, repeat_prompt, max_tokens

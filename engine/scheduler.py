@@ -95,8 +95,8 @@ class Scheduler:
     def add_drafts(self, scheduled: list[ScheduledSeq]) -> None:
         """Drafts for decoding sequences, best acceptance first, within the token budget.  A step's rows
         up to cheap_step_rows cost about one row; past them each row adds about a decoded token's
-        arithmetic, so only drafts that are usually accepted (LIKELY_ACCEPTANCE) take those rows, and none
-        past MAX_STEP_ROWS."""
+        arithmetic, so only a sequence whose drafts are usually accepted, or whose first draft it is
+        (likely), takes those rows, and none past MAX_STEP_ROWS."""
         rows = sum(item.num_new_tokens for item in scheduled)
         decoding = [i for i in scheduled if i.num_new_tokens == 1 and i.seq.num_uncomputed_tokens == 1]
         for item in decoding:

@@ -52,6 +52,18 @@ def paired_round(engines: dict[str, LLMEngine], requests: list, round_index: int
     return decoded
 
 
+def summarize(rounds: list[dict]) -> dict:
+    """A workload's figures over its paired rounds."""
+    rates = {name: [d[name]["tokens"] / d[name]["seconds"] for d in rounds] for name in ("off", "ngram")}
+    pairs = [(a, b) for d in rounds for a, b in zip(d["off"]["replies"], d["ngram"]["replies"], strict=True)]
+    return {
+        "off_tokens_per_s": spread(rates["off"]),
+        "ngram_tokens_per_s": spread(rates["ngram"]),
+        "speedup": spread([on / off for off, on in zip(rates["off"], rates["ngram"], strict=True)]),
+        "equal_replies": [sum(a == b for a, b in pairs), len(pairs)],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -69,27 +81,12 @@ def main() -> None:
     tokenizer = engines["off"].tokenizer
     for name, engine in engines.items():  # warm-up, on prompts the rounds do not use
         for workload in WORKLOADS:
-            decode(
-                engine, spec_workloads.requests(workload, tokenizer, 1, 99_000)[0], f"warm-{name}-{workload}"
-            )
+            warm_up = spec_workloads.requests(workload, tokenizer, 1, 99_000)[0]
+            decode(engine, warm_up, f"warm-{name}-{workload}")
     figures = {}
     for workload in WORKLOADS:
         requests = spec_workloads.requests(workload, tokenizer, 3, 1000)
-        rounds = [paired_round(engines, requests, r) for r in range(args.rounds)]
-        rates = {name: [d[name]["tokens"] / d[name]["seconds"] for d in rounds] for name in engines}
-        figures[workload] = {
-            "off_tokens_per_s": spread(rates["off"]),
-            "ngram_tokens_per_s": spread(rates["ngram"]),
-            "speedup": spread([on / off for off, on in zip(rates["off"], rates["ngram"], strict=True)]),
-            "equal_replies": [
-                sum(
-                    a == b
-                    for d in rounds
-                    for a, b in zip(d["off"]["replies"], d["ngram"]["replies"], strict=True)
-                ),
-                args.rounds * len(requests),
-            ],
-        }
+        figures[workload] = summarize([paired_round(engines, requests, r) for r in range(args.rounds)])
         print(workload, "ngram / off", round(figures[workload]["speedup"]["median"], 2), flush=True)
     machine = describe(None)
     path = RESULTS / machine["kind"] / f"spec_paired_{args.dtype}.json"

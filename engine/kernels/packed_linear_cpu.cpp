@@ -30,6 +30,7 @@
 // float32, are scaled and biased there, and are rounded to bf16 once.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <memory>
 #include <type_traits>
 
@@ -113,36 +114,70 @@ struct NextItem {
   int64_t slice;      // bytes per step, a multiple of the cache line
 };
 
-// out[r][column:column + 16 * PANELS] for M rows from `row`, over the item's packed panels.
+// acc[r][p] += the products of input pairs k and k + 1 of M rows and the item's panels; fetches a slice of
+// `next` on the way.
 template <int M, int PANELS, typename W>
-void tile(const c10::BFloat16* x, const W* panels, const float* bias, const float* scale, c10::BFloat16* out,
-          int64_t in, int64_t out_features, int64_t column, NextItem next) {
-  const int64_t pairs = in / 2, panel_stride = pairs * 2 * kPanel;
-  __m512 acc[M][PANELS];
+inline void accumulate_step(__m512 (&acc)[M][PANELS], const int32_t* x_pairs, int64_t pairs, const W* panels,
+                            int64_t k, const PairLoading<W>& load, NextItem next) {
+  const int64_t panel_stride = pairs * 2 * kPanel;
+  if (next.bytes != nullptr)
+    for (int64_t line = 0; line < next.slice; line += 64)
+      _mm_prefetch(next.bytes + k / 2 * next.slice + line, _MM_HINT_T1);
+  __m512bh even[PANELS], odd[PANELS];
+  for (int p = 0; p < PANELS; ++p) load(panels + p * panel_stride + k * 2 * kPanel, even[p], odd[p]);
+  for (int r = 0; r < M; ++r) {
+    const __m512bh even_x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(x_pairs[r * pairs + k]));
+    const __m512bh odd_x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(x_pairs[r * pairs + k + 1]));
+    for (int p = 0; p < PANELS; ++p) {
+      acc[r][p] = _mm512_dpbf16_ps(acc[r][p], even_x, even[p]);
+      acc[r][p] = _mm512_dpbf16_ps(acc[r][p], odd_x, odd[p]);
+    }
+  }
+}
+
+template <int M, int PANELS>
+inline void set_zero(__m512 (&acc)[M][PANELS]) {
   for (int r = 0; r < M; ++r)
     for (int p = 0; p < PANELS; ++p) acc[r][p] = _mm512_setzero_ps();
+}
+
+// int8 weights sum each column in two chains, the loop's even steps and its odd ones (a step: two input
+// pairs), added at the end; bf16 in one.  A chain is a run of dependent pair dot products (~6 cycles each
+// on Zen 4); one row has one chain per panel, and that latency, not memory, bound int8, which packs a
+// step into 16 bytes a column where bf16 takes 32: one layer's int8 weights from L2 went through at 32
+// GB/s on two cores (bf16: 63), about what memory delivers, and at 56 with two chains.  One row runs the
+// chains side by side; more rows have chains enough and take the even steps, then the odd ones, from
+// cache, since a row tile's accumulators fill the registers.  Every row count sums alike, so a column's
+// sum does not depend on the batch.
+// out[r][column:column + 16 * PANELS] for M rows, over the item's packed panels; SPLIT: in two chains.
+template <int M, int PANELS, bool SPLIT, typename W>
+void tile(const c10::BFloat16* x, const W* panels, const float* bias, const float* scale, c10::BFloat16* out,
+          int64_t in, int64_t out_features, int64_t column, NextItem next) {
+  const int64_t pairs = in / 2;
   const int32_t* x_pairs = reinterpret_cast<const int32_t*>(x);
   const PairLoading<W> load;
-  for (int64_t k = 0; k < pairs; k += 2) {
-    if (next.bytes != nullptr)
-      for (int64_t line = 0; line < next.slice; line += 64)
-        _mm_prefetch(next.bytes + k / 2 * next.slice + line, _MM_HINT_T1);
-    __m512bh even[PANELS], odd[PANELS];
-    for (int p = 0; p < PANELS; ++p) load(panels + p * panel_stride + k * 2 * kPanel, even[p], odd[p]);
-    for (int r = 0; r < M; ++r) {
-      const __m512bh even_x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(x_pairs[r * pairs + k]));
-      const __m512bh odd_x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(x_pairs[r * pairs + k + 1]));
-      for (int p = 0; p < PANELS; ++p) {
-        acc[r][p] = _mm512_dpbf16_ps(acc[r][p], even_x, even[p]);
-        acc[r][p] = _mm512_dpbf16_ps(acc[r][p], odd_x, odd[p]);
-      }
+  __m512 acc[M][PANELS], first[M][PANELS];
+  set_zero(acc);
+  if constexpr (SPLIT && M * PANELS <= 8) {
+    set_zero(first);
+    for (int64_t k = 0; k < pairs; k += 4) {
+      accumulate_step(first, x_pairs, pairs, panels, k, load, next);
+      if (k + 2 < pairs) accumulate_step(acc, x_pairs, pairs, panels, k + 2, load, next);
+    }
+  } else {
+    for (int64_t k = 0; k < pairs; k += SPLIT ? 4 : 2) accumulate_step(acc, x_pairs, pairs, panels, k, load, next);
+    if constexpr (SPLIT) {
+      std::copy(&acc[0][0], &acc[0][0] + M * PANELS, &first[0][0]);
+      set_zero(acc);
+      for (int64_t k = 2; k < pairs; k += 4) accumulate_step(acc, x_pairs, pairs, panels, k, load, next);
     }
   }
   for (int p = 0; p < PANELS; ++p) {
     const __m512 b = bias != nullptr ? _mm512_loadu_ps(bias + column + p * kPanel) : _mm512_setzero_ps();
     const __m512 s = scale != nullptr ? _mm512_loadu_ps(scale + column + p * kPanel) : _mm512_set1_ps(1);
     for (int r = 0; r < M; ++r) {
-      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_add_ps(_mm512_mul_ps(acc[r][p], s), b));
+      const __m512 sum = SPLIT ? _mm512_add_ps(first[r][p], acc[r][p]) : acc[r][p];
+      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_add_ps(_mm512_mul_ps(sum, s), b));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * out_features + column + p * kPanel),
                           reinterpret_cast<__m256i>(rounded));
     }
@@ -161,12 +196,12 @@ void widen(const int8_t* weights, int64_t values, c10::BFloat16* widened) {
 }
 
 // out[r:r + M] for every group of M rows of x, over one item's panels; the first group fetches `next`.
-template <int PANELS, typename W>
+template <int PANELS, bool SPLIT, typename W>
 void row_tiles(const c10::BFloat16* x, int64_t rows, int64_t in, const W* panels, const float* bias,
                const float* scale, c10::BFloat16* out, int64_t out_features, int64_t column, NextItem next) {
   for (int64_t r = 0; r < rows; r += kRowTile) {
     with_constant<kRowTile>(rows - r, [&](auto m) {
-      tile<decltype(m)::value, PANELS>(x + r * in, panels, bias, scale, out + r * out_features, in, out_features, column,
+      tile<decltype(m)::value, PANELS, SPLIT>(x + r * in, panels, bias, scale, out + r * out_features, in, out_features, column,
                                        r == 0 ? next : NextItem{nullptr, 0});
     });
   }
@@ -199,11 +234,11 @@ void vector_items(const c10::BFloat16* x, int64_t rows, int64_t in, const W* wei
     if constexpr (std::is_same_v<W, int8_t>) {
       if (widen_once) {
         widen(panels, kItemColumns * in, widened.get());
-        row_tiles<PANELS>(x, rows, in, widened.get(), bias, scale, out, out_features, column, next);
+        row_tiles<PANELS, true>(x, rows, in, widened.get(), bias, scale, out, out_features, column, next);
         continue;
       }
     }
-    row_tiles<PANELS>(x, rows, in, panels, bias, scale, out, out_features, column, next);
+    row_tiles<PANELS, std::is_same_v<W, int8_t>>(x, rows, in, panels, bias, scale, out, out_features, column, next);
   }
 }
 

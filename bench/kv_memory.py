@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.machine import describe, kind
+from bench.machine import describe, kind, results_path, write_results
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig, cpu_flags
 from engine.sampling_params import SamplingParams
@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument("--plot-only", action="store_true")
     args = parser.parse_args()
     machine_kind = kind(cpu_flags())
-    path = ROOT / "results" / machine_kind / "kv_memory.json"
+    path = results_path(machine_kind, "kv_memory")
     figure = ROOT.parent / "docs" / f"kv_memory_{machine_kind}.png"
     if args.plot_only:
         plot(json.loads(path.read_text()), figure)
@@ -166,8 +166,7 @@ def main() -> None:
         "resume_tokens": RESUME_TOKENS,
         "variants": results,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(output, indent=2))
+    write_results("kv_memory", output)
     plot(output, figure)
     print(json.dumps(results, indent=2))
 

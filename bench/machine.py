@@ -2,6 +2,7 @@
 run), its measured read bandwidth, and the versions of the engines.  Results are kept per machine kind."""
 
 import importlib.metadata
+import json
 import os
 import platform
 import subprocess
@@ -12,6 +13,7 @@ from engine.config import cpu_flags
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
 PACKAGES = ("torch", "transformers")
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def kind(flags: frozenset[str]) -> str:
@@ -47,6 +49,18 @@ def describe(vllm_python: Path | None) -> dict:
             "vllm": _vllm_version(vllm_python),
         },
     }
+
+
+def results_path(machine_kind: str, name: str) -> Path:
+    return RESULTS / machine_kind / f"{name}.json"
+
+
+def write_results(name: str, results: dict) -> Path:
+    """results, which hold the machine they ran on, as bench/results/<its kind>/<name>.json."""
+    path = results_path(results["machine"]["kind"], name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, ensure_ascii=False), encoding="utf-8")
+    return path
 
 
 def _cpu_model() -> str:

@@ -14,20 +14,16 @@ per-round ratios.  Results: bench/results/<machine kind>/paired_<pair>_<dtype>.j
 """
 
 import argparse
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from bench import spec_workloads, workloads
-from bench.machine import describe
+from bench.machine import describe, write_results
 from bench.speculative import spread
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def chat_requests(workload: str, tokenizer, count: int, seed: int) -> list[spec_workloads.Request]:
@@ -123,10 +119,9 @@ def main() -> None:
         requests = pair.requests(workload, engines[base].tokenizer, 3, 1000)
         figures[workload] = summarize([paired_round(engines, requests, r) for r in range(args.rounds)])
         print(workload, f"{other} / {base}", round(figures[workload]["speedup"]["median"], 2), flush=True)
-    machine = describe(None)
-    path = RESULTS / machine["kind"] / f"paired_{args.pair}_{args.dtype}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": machine, **vars(args), "figures": figures}, indent=2))
+    write_results(
+        f"paired_{args.pair}_{args.dtype}", {"machine": describe(None), **vars(args), "figures": figures}
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import torch
 from transformers import AutoTokenizer
 
 from bench.bf16_agreement import compare
-from bench.machine import describe
+from bench.machine import describe, write_results
 from engine import LLM, SamplingParams
 from engine.testing.prompts import QUESTIONS
 
@@ -123,11 +123,7 @@ def main() -> None:
         "text_tokens": {k: len(v) for k, v in texts.items()},
         "prompts": len(prompts),
     }
-    path = ROOT / "results" / machine["kind"] / "quantization.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        json.dumps({**output, "window": args.window, "variants": results}, indent=2, ensure_ascii=False)
-    )
+    write_results("quantization", {**output, "window": args.window, "variants": results})
     print(json.dumps(results, indent=2, ensure_ascii=False))
 
 

@@ -13,17 +13,14 @@ Results: bench/results/<machine kind>/spec_replay_<dtype>.json.
 """
 
 import argparse
-import json
 import random
-from pathlib import Path
 
 from bench import spec_workloads
-from bench.machine import describe
+from bench.machine import describe, write_results
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.speculative import DraftState, NgramDrafter
 
-RESULTS = Path(__file__).resolve().parent / "results"
 Reply = tuple[list[int], list[int]]  # prompt token ids, greedy reply token ids
 
 
@@ -101,10 +98,7 @@ def main() -> None:
         for k in args.draft_lengths:
             figures[f"{workload} K={k}"] = replay(replies, k, args.row_cost)
             print(workload, k, figures[f"{workload} K={k}"])
-    machine = describe(None)
-    path = RESULTS / machine["kind"] / f"spec_replay_{args.dtype}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": machine, **vars(args), "figures": figures}, indent=2))
+    write_results(f"spec_replay_{args.dtype}", {"machine": describe(None), **vars(args), "figures": figures})
 
 
 if __name__ == "__main__":

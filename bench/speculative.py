@@ -160,6 +160,8 @@ def run_worker(variant: str, args, draft_length: int | None = None) -> dict:
 
 def draft_length_sweep(args, machine: dict) -> None:
     """Ours alone, without speculation and with each draft length, interleaved round by round."""
+    from bench.machine import write_results
+
     names = {f"ngram_k{k}": k for k in args.draft_lengths}
     rounds = [
         {"off": run_worker("off", args)} | {name: run_worker("ngram", args, k) for name, k in names.items()}
@@ -167,10 +169,7 @@ def draft_length_sweep(args, machine: dict) -> None:
     ]
     rows = {name: summarize(rounds, "off", name) for name in names}
     result = {"machine": machine, "dtype": args.dtype, "rounds": args.rounds, "draft_lengths": rows}
-    folder = RESULTS / machine["kind"]
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"speculative_draft_lengths_{args.dtype}.json"
-    path.write_text(json.dumps(result | {"raw": rounds}, indent=2))
+    write_results(f"speculative_draft_lengths_{args.dtype}", result | {"raw": rounds})
     for name, name_rows in rows.items():
         for row, figures in name_rows.items():
             speedup = round(figures["speedup"]["median"], 2)
@@ -275,7 +274,7 @@ def main() -> None:
     if args.worker:
         Path(args.out).write_text(json.dumps(worker(args)))
         return
-    from bench.machine import describe
+    from bench.machine import describe, write_results
     from engine.config import EngineConfig, resolve_device, resolve_dtype
 
     args.dtype = str(resolve_dtype(args.dtype, resolve_device("cpu"))).removeprefix("torch.")
@@ -288,9 +287,7 @@ def main() -> None:
     variants = [*VARIANTS, *peers]
     rounds = [{variant: run_worker(variant, args) for variant in variants} for _ in range(args.rounds)]
     result = {"machine": machine, "dtype": args.dtype, "rounds": args.rounds} | summaries(rounds, peers)
-    folder = RESULTS / machine["kind"]
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"speculative_{args.dtype}.json").write_text(json.dumps(result | {"raw": rounds}, indent=2))
+    write_results(f"speculative_{args.dtype}", result | {"raw": rounds})
     panels = {"ours": result["rows"]} | ({"vLLM": result["vllm_rows"]} if peers else {})
     title = f"n-gram speculation, {args.dtype}, {machine['cpu']}"
     plot(panels, ROOT / "docs" / f"speculative_{machine['kind']}.png", title)

@@ -16,17 +16,14 @@ Results: bench/results/<machine kind>/step_profile_<dtype>.json.
 import argparse
 import json
 import time
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench import workloads
-from bench.machine import describe
+from bench.machine import describe, write_results
 from bench.throughput import spread
 from engine import LLM, SamplingParams
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def decode_step_seconds(llm: LLM, batch_size: int, new_tokens: int) -> float:
@@ -104,9 +101,7 @@ def main() -> None:
         for name, llm in llms.items():
             figures = summarise(llm, size, steps[name], products[name])
             report["quantizations"].setdefault(name, []).append(figures)
-    path = RESULTS / machine["kind"] / f"step_profile_{dtype}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2))
+    write_results(f"step_profile_{dtype}", report)
     print(json.dumps(report, indent=2))
 
 

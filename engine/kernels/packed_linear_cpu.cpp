@@ -141,15 +141,17 @@ inline void set_zero(__m512 (&acc)[M][PANELS]) {
     for (int p = 0; p < PANELS; ++p) acc[r][p] = _mm512_setzero_ps();
 }
 
-// int8 weights sum each column in two chains, the loop's even steps and its odd ones (a step: two input
-// pairs), added at the end; bf16 in one.  A chain is a run of dependent pair dot products (~6 cycles each
-// on Zen 4); one row has one chain per panel, and that latency, not memory, bound int8, which packs a
-// step into 16 bytes a column where bf16 takes 32: one layer's int8 weights from L2 went through at 32
-// GB/s on two cores (bf16: 63), about what memory delivers, and at 56 with two chains.  One row runs the
-// chains side by side; more rows have chains enough and take the even steps, then the odd ones, from
-// cache, since a row tile's accumulators fill the registers.  Every row count sums alike, so a column's
-// sum does not depend on the batch.
-// out[r][column:column + 16 * PANELS] for M rows, over the item's packed panels; SPLIT: in two chains.
+// out[r][column:column + 16 * PANELS] for M rows, over the item's packed panels.
+//
+// SPLIT (int8 weights) sums each column in two chains, the loop's even steps and its odd ones (a step: two
+// input pairs), added at the end; bf16 sums in one.  A chain is a run of dependent pair dot products (~6
+// cycles each on Zen 4); one row has one chain per panel, and that latency, not memory, bound int8, which
+// packs a step into 16 bytes a column where bf16 takes 32: one layer's int8 weights from L2 went through at
+// 32 GB/s on two cores (bf16: 63), about what memory delivers, and at 56 with two chains.  Where rows times
+// panels is at most 8 (up to 4 rows of two panels), the chains run side by side in at most 16 accumulators;
+// larger tiles would need more registers than there are, and have chains enough anyway, so they take the even
+// steps, then the odd ones, from cache.  Every row count sums alike, so a column's sum does not depend on the
+// batch.
 template <int M, int PANELS, bool SPLIT, typename W>
 void tile(const c10::BFloat16* x, const W* panels, const float* bias, const float* scale, c10::BFloat16* out,
           int64_t in, int64_t out_features, int64_t column, NextItem next) {
@@ -165,7 +167,8 @@ void tile(const c10::BFloat16* x, const W* panels, const float* bias, const floa
       if (k + 2 < pairs) accumulate_step(acc, x_pairs, pairs, panels, k + 2, load, next);
     }
   } else {
-    for (int64_t k = 0; k < pairs; k += SPLIT ? 4 : 2) accumulate_step(acc, x_pairs, pairs, panels, k, load, next);
+    for (int64_t k = 0; k < pairs; k += SPLIT ? 4 : 2)
+      accumulate_step(acc, x_pairs, pairs, panels, k, load, next);
     if constexpr (SPLIT) {
       std::copy(&acc[0][0], &acc[0][0] + M * PANELS, &first[0][0]);
       set_zero(acc);

@@ -30,7 +30,6 @@ from bench import workloads
 from bench.runners import RUNNERS, Timing, replay
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -257,7 +256,7 @@ def main() -> None:
         args.engine = args.worker
         Path(args.out).write_text(json.dumps(worker(args)))
         return
-    from bench.machine import describe
+    from bench.machine import describe, write_results
     from bench.report import write_report
     from engine.config import cpu_has_bf16_units
     from engine.default_model import default_model_dir
@@ -272,9 +271,7 @@ def main() -> None:
     dtypes = args.dtypes or (["float32", "bfloat16"] if cpu_has_bf16_units() else ["float32"])
     for dtype in dtypes:
         results = measure(dtype, engines, machine, args)
-        path = RESULTS / machine["kind"] / f"throughput_{dtype}{suffix}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=2))
+        write_results(f"throughput_{dtype}{suffix}", results)
         print(write_report(results, ROOT / "docs" / f"throughput_{machine['kind']}_{dtype}{suffix}.png"))
 
 

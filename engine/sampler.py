@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.kernels import cpu_kernels
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -20,8 +21,12 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
-    """x.argmax(-1), the first of equal maxima, through torch's max, which runs 2.5x faster on the CPU
-    (32 rows of 49,152 float32 logits: 0.41 ms against 1.02, 1.4 ms a step of 32 sequences)."""
+    """x.argmax(-1), the first of equal maxima (a NaN where a row has one): our kernel on the CPU (rows of
+    49,152 float32 logits: 10 us for one, 0.14 ms for 32, against torch's max 45 us and 0.67 ms), else
+    torch's max, which runs 2.5x faster than torch's argmax."""
+    kernels = cpu_kernels() if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) else None
+    if kernels is not None:
+        return kernels.argmax_rows(x.reshape(-1, x.shape[-1])).reshape(x.shape[:-1])
     return x.max(dim=-1).indices
 
 

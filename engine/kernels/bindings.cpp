@@ -22,6 +22,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &kvchat::silu_and_mul, "silu(gate) * up for x = [gate | up], torch's roundings");
   m.def("rotary", &kvchat::rotary, "rotary embedding of q and k in place (rotate-half layout)");
   m.def("write_kv", &kvchat::write_kv, "new keys and values into their cache slots (int8: quantized)");
+  m.def("argmax_rows", &kvchat::argmax_rows, "each row's argmax, the first of equal maxima, as torch's max");
 
   py::class_<kvchat::LinearWeights>(m, "LinearWeights")
       .def(py::init<torch::Tensor, std::optional<torch::Tensor>, std::optional<torch::Tensor>,

@@ -52,6 +52,10 @@ void rotary(torch::Tensor q, torch::Tensor k, torch::Tensor positions, torch::Te
 void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor layer_cache, torch::Tensor slot_blocks,
               torch::Tensor slot_offsets, std::optional<torch::Tensor> layer_scales);
 
+// Each row's index of its largest value, the first of equal ones (a NaN's where a row has one), as
+// torch's max(dim=-1).indices; x (rows, n) float32 or bf16 (argmax_cpu.cpp).
+torch::Tensor argmax_rows(torch::Tensor x);
+
 // One linear layer's weights as layers/linear.py holds them: packed for packed_linear where the CPU runs it
 // and, on AMX machines, bf16 ones reordered for oneDNN; int8 ones with their scale per output channel.
 struct LinearWeights {

@@ -264,6 +264,23 @@ def test_norm_rotary_and_cache_write_kernels_match_the_torch_path(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [49152, 1007, 5, 1])  # SmolLM2's vocabulary; a tail past the vectors; none
+def test_argmax_rows_picks_what_torchs_max_picks(dtype, width):
+    generator = torch.Generator().manual_seed(width)
+    x = torch.randn(33, width, generator=generator).to(dtype)
+    x[1] = 1.0  # all equal: the first
+    x[2, [width // 3, width // 2, width - 1]] = 50.0  # equal maxima in different lanes: the first
+    x[3] = float("-inf")
+    x[4, width // 2] = float("nan")  # torch's max takes a NaN as the maximum
+    x[5, [width - 1, width // 2]] = float("nan")  # the first NaN, after a larger value
+    x[5, 0] = 1e30
+    x[6, -1] = 1e30  # the maximum in the tail
+    got = cpu_kernels().argmax_rows(x)
+    assert got.dtype == torch.long and torch.equal(got, x.max(dim=-1).indices)
+    assert torch.equal(cpu_kernels().argmax_rows(x[:1]), x[:1].max(dim=-1).indices)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_silu_and_mul_computes_and_rounds_as_torchs_two_ops(dtype):
     generator = torch.Generator().manual_seed(0)
     x = (4 * torch.randn(33, 2 * 1007, generator=generator)).to(dtype)  # 1,007: a tail past the vectors

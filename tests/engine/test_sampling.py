@@ -104,3 +104,4 @@ def test_the_fast_argmax_picks_the_first_of_equal_maxima_as_torch_argmax_does():
     logits[3, 900] = float("nan")  # torch's argmax and max both take a NaN as the maximum
     assert torch.equal(argmax(logits), logits.argmax(dim=-1))
     assert argmax(logits)[1] == 7 and argmax(logits)[2] == 0 and argmax(logits)[3] == 900
+    assert argmax(logits[1]).shape == () and argmax(logits[1]) == 7  # one row, as a draft's draw takes it

@@ -15,12 +15,12 @@ namespace {
 
 typedef int32_t vindex __attribute__((vector_size(kLanes * sizeof(int32_t))));
 
-// The first NaN's index from `begin`, or -1.
+// The first NaN's index in a row of n values that has one.
 template <typename T>
-int64_t first_nan(const T* x, int64_t begin, int64_t n) {
-  for (int64_t i = begin; i < n; ++i)
+int64_t first_nan(const T* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
     if (std::isnan(static_cast<float>(x[i]))) return i;
-  return -1;
+  return n;  // not reached
 }
 
 template <typename T>
@@ -42,7 +42,7 @@ int64_t argmax_row(const T* x, int64_t n) {
       lane_at = greater ? at : lane_at;
     }
     for (int i = 0; i < kLanes; ++i)
-      if (any_nan[i]) return first_nan(x, 0, n);
+      if (any_nan[i]) return first_nan(x, n);
     best = lane_best[0];
     for (int i = 1; i < kLanes; ++i) best = std::max(best, lane_best[i]);
     best_at = n;

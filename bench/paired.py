@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from bench import spec_workloads, workloads
 from bench.machine import describe, write_results
-from bench.speculative import spread
+from bench.throughput import spread
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams

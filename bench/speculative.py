@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from bench import spec_workloads
+from bench.throughput import spread
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -174,10 +175,6 @@ def draft_length_sweep(args, machine: dict) -> None:
         for row, figures in name_rows.items():
             speedup = round(figures["speedup"]["median"], 2)
             print(name, row, "speed-up", speedup, "equal", figures["equal_outputs"])
-
-
-def spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
 
 
 def summarize(rounds: list[dict[str, dict]], off_variant: str = "off", on_variant: str = "ngram") -> dict:

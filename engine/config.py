@@ -103,6 +103,11 @@ def cpu_has_bf16_units() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
+def cpu_has_avx512() -> bool:
+    """AVX-512, on which oneDNN's float32 products beat torch's own (layers/linear.py)."""
+    return "avx512f" in cpu_flags()
+
+
 def cpu_has_amx() -> bool:
     """AMX tiles, on which oneDNN's bf16 products and torch's CPU flash attention beat our AVX-512 BF16
     kernels for all but a few rows (layers/linear.py, layers/attention.py)."""

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import cpu_has_amx, cpu_has_bf16_units
+from engine.config import cpu_has_amx, cpu_has_avx512, cpu_has_bf16_units
 from engine.quantization import int8_linear, quantize_int8
 
 
@@ -15,9 +15,12 @@ def max_kernel_rows(
     machine) the few-row kernel won up to 64 rows over all of SmolLM2's layers (64 rows: 174 ms against
     256 ms).  Where the CPU has them, torch's products run on oneDNN's bf16 dot products and win from a
     few rows: for the 30 layers' products on a 2-core AVX-512 BF16 machine, 8 rows took 6.6 ms against
-    the few-row kernel's 9.9 in bf16 and 32 rows 12 ms against 39; in float32 torch wins from 16 rows
-    (25 ms against 31).  With int8 weights torch's product first widens them (~8 ms a step for SmolLM2), so
-    ours wins up to 16 rows there (14 ms against 18; at 32 rows 46 against 26).
+    the few-row kernel's 9.9 in bf16 and 32 rows 12 ms against 39.  In float32 there, oneDNN with the weight
+    reordered once (Linear.onednn) wins from 8 rows: SmolLM2's 121 products, lm_head included, took 26.4 ms
+    at 8 rows against the few-row kernel's 28.5 and torch's 55.4, 52.7 at 32 rows against 74.0 and 90.3, and
+    at 4 rows the same as the few-row kernel (21.9 and 21.1), which wins at 1 row (16.3 against 25.5).
+    With int8 weights torch's product first widens them (~8 ms a step for SmolLM2), so ours wins up to 16
+    rows there (14 ms against 18; at 32 rows 46 against 26).
 
     Packed bf16 weights (packed_linear) beat torch at every size on AVX-512 BF16 units.  Where the CPU
     also has AMX tiles, packed_linear runs on them (amx_tiles) and beats oneDNN (with its weights reordered
@@ -60,13 +63,16 @@ class Linear(nn.Linear):
     they are read, and every product goes there, so int8 replies are batch-invariant too.
     Elsewhere, a decode step's few rows go to the few-row kernel, bound by reading the weights, which
     torch's general product reads at about half the bandwidth for one row and slower for two to eight
-    (kernels/few_rows_linear_cpu.cpp); more rows go to torch (max_kernel_rows).
+    (kernels/few_rows_linear_cpu.cpp); more rows go to torch (max_kernel_rows), or in float32 on AVX-512
+    to oneDNN with the weight reordered once, as vLLM's CPU build does: a 32-row step's lm_head took
+    24.7 ms in torch's product there against oneDNN's 9.8, a 512-row chunk's up-projection 4.8 ms against
+    4.1 (the plain weight stays for the few-row kernel, so float32 weights are held twice).
     """
 
     kernels = None
     max_kernel_rows = 0  # set with the kernels, for the model's dtype
     packed: torch.Tensor | None = None  # the weight in packed_linear's layout, where the CPU runs it
-    onednn: torch.Tensor | None = None  # the weight in oneDNN's blocked layout, on AMX machines
+    onednn: torch.Tensor | None = None  # the weight in oneDNN's blocked layout (AMX; float32 on AVX-512)
     # With int8 weights (quantize_int8_), the float32 scale per output channel.  A plain attribute, not a
     # buffer: the model's .to(dtype) would round a buffer to bf16.
     weight_scale: torch.Tensor | None = None
@@ -91,6 +97,8 @@ class Linear(nn.Linear):
             elif not cpu_has_amx():
                 # int8 takes the vector path only, which AMX machines run slowly for many rows (above).
                 self.packed = self.packed_weight(kernels)
+        elif kernels is not None and dtype == torch.float32 and not quantized and cpu_has_avx512():
+            self.onednn = self.onednn_weight()
         self.max_kernel_rows = max_kernel_rows(dtype, quantized, self.packed is not None, amx_tiles)
         if self.max_kernel_rows == sys.maxsize:
             self.weight = nn.Parameter(self.weight.detach().to("meta"), requires_grad=False)
@@ -101,9 +109,15 @@ class Linear(nn.Linear):
         self.packed = self.packed_weight(kernels)
         if self.packed is not None and kernels.packed_linear_on_amx(self.in_features):
             return True
-        if cpu_has_amx() and torch.backends.mkldnn.is_available():
-            self.onednn = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
+        if cpu_has_amx():
+            self.onednn = self.onednn_weight()
         return False
+
+    def onednn_weight(self) -> torch.Tensor | None:
+        """The weight reordered once into oneDNN's blocked layout, where torch has oneDNN."""
+        if not torch.backends.mkldnn.is_available():
+            return None
+        return torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
 
     def packed_weight(self, kernels) -> torch.Tensor | None:
         """The weight in packed_linear's layout, where the CPU runs it and the shape fits."""

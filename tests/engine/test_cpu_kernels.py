@@ -11,7 +11,7 @@ from safetensors import safe_open
 from transformers import LlamaConfig
 
 from engine import LLM, SamplingParams
-from engine.config import EngineConfig
+from engine.config import EngineConfig, cpu_has_avx512
 from engine.kernels import cpu_kernels
 from engine.layers.attention import (
     AttentionMetadata,
@@ -326,6 +326,21 @@ def test_a_bf16_product_is_a_float32_product_rounded_once(rows):
     got = layer(x)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), expected, atol=2e-2 * 576**0.5, rtol=2e-2)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 9, 100])
+def test_a_float32_product_is_exact_to_float32_on_every_path(rows):
+    """Up to the few-row kernel's rows, that kernel; past them oneDNN with the weight reordered once, where
+    the CPU has AVX-512, else torch."""
+    generator = torch.Generator().manual_seed(3)
+    layer = Linear(576, 960, bias=True)
+    x = torch.randn(rows, 576, generator=generator)
+    expected = F.linear(x.double(), layer.weight.double(), layer.bias.double())
+    layer.use_kernels(cpu_kernels(), torch.float32)
+    assert (layer.onednn is not None) == (cpu_has_avx512() and torch.backends.mkldnn.is_available())
+    got = layer(x)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), expected, atol=1e-5 * 576**0.5, rtol=1e-5)
 
 
 PACKED = cpu_kernels() is not None and cpu_kernels().packed_linear_available()

@@ -150,7 +150,7 @@ struct Item {
 template <typename T, typename C, int GROUP>
 void qk(const Problem& p, const C* k_cache, const int64_t* table, int64_t kv_head, Row* rows, int64_t count,
         int64_t padded) {
-  const int64_t blocks = (rows[count - 1].length + kBlock - 1) / kBlock;
+  const int64_t blocks = padded / kBlock;
   for (int64_t first = 0, b = 0; first < rows[count - 1].length; first += kBlock, ++b) {
     const C* keys = head_block(k_cache, p, table[b], kv_head);
     fetch_ahead(k_cache, p, table, kv_head, b, blocks);
@@ -173,7 +173,7 @@ void qk(const Problem& p, const C* k_cache, const int64_t* table, int64_t kv_hea
 template <typename C, int GROUP>
 void pv(const Problem& p, const C* v_cache, const int64_t* table, int64_t kv_head, Row* rows, int64_t count,
         int64_t padded) {
-  const int64_t blocks = (rows[count - 1].length + kBlock - 1) / kBlock;
+  const int64_t blocks = padded / kBlock;
   for (int64_t r = 0; r < count; ++r) std::fill(rows[r].sums, rows[r].sums + GROUP * p.head_dim, 0.0f);
   for (int64_t first = 0, b = 0; first < rows[count - 1].length; first += kBlock, ++b) {
     const C* values = head_block(v_cache, p, table[b], kv_head);
@@ -198,7 +198,7 @@ template <int GROUP>
 void pv_bf16(const Problem& p, const c10::BFloat16* v_cache, const int64_t* table, int64_t kv_head, Row* rows,
              int64_t count, int64_t padded) {
   constexpr int64_t kSpanBlocks = kAheadBlocks, kWidth = 32;
-  const int64_t longest = rows[count - 1].length, blocks = (longest + kBlock - 1) / kBlock;
+  const int64_t longest = rows[count - 1].length, blocks = padded / kBlock;
   for (int64_t r = 0; r < count; ++r) std::fill(rows[r].sums, rows[r].sums + GROUP * p.head_dim, 0.0f);
   const c10::BFloat16* span[kSpanBlocks];
   for (int64_t start = 0; start < longest; start += kSpanBlocks * kBlock) {

@@ -7,6 +7,8 @@
 #include <tuple>
 #include <vector>
 
+#include "kv_types.h"
+
 namespace kvchat {
 
 // Decode attention over the paged KV cache (paged_attention_cpu.cpp): out of q's dtype and, if
@@ -41,6 +43,10 @@ int64_t packed_linear_rows_per_pass(int64_t in);
 torch::Tensor pack_weight(torch::Tensor weight);
 torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, std::optional<torch::Tensor> bias,
                             std::optional<torch::Tensor> scale);
+// packed_linear's vector path (not AMX's) on raw buffers: x (rows, in) and out (rows, out) contiguous; bias and
+// scale float32 or nullptr.
+void packed_linear_rows(const c10::BFloat16* x, int64_t rows, const torch::Tensor& packed, const float* bias,
+                        const float* scale, c10::BFloat16* out);
 
 // Per-layer operations of a decode step (layer_ops_cpu.cpp); rotary and the residual update work in place.
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
@@ -52,6 +58,35 @@ void rotary(torch::Tensor q, torch::Tensor k, torch::Tensor positions, torch::Te
 void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor layer_cache, torch::Tensor slot_blocks,
               torch::Tensor slot_offsets, std::optional<torch::Tensor> layer_scales);
 
+// The forms of the operations above that the decode pass calls on the buffers it holds: no tensors made, no
+// arguments checked per call (the tensor forms check theirs and call these).  Rows of q, k, v and
+// [gate | up] are `stride` elements apart, each token's heads contiguous; T is float, bf16 (or half).
+template <typename T>
+void add_rms_norm_rows(T* x, T* residual, const T* weight, int64_t rows, int64_t size, double eps);
+// Each head of each row normalised in place (Qwen3's q and k norms).
+template <typename T>
+void rms_norm_heads(T* x, int64_t rows, int64_t heads, int64_t stride, const T* weight, int64_t head_dim, double eps);
+template <typename T>
+void rotary_rows(T* x, int64_t rows, int64_t heads, int64_t stride, const int64_t* positions, const T* cos,
+                 const T* sin, int64_t head_dim);
+template <typename T>
+void silu_and_mul_rows(const T* x, int64_t rows, int64_t stride, int64_t width, T* out);
+template <typename T, typename C>
+void write_kv_rows(const T* k, const T* v, int64_t tokens, int64_t k_stride, int64_t v_stride,
+                   const int64_t* slot_blocks, const int64_t* slot_offsets, const LayerKv<C>& cache);
+
+// paged_decode_attention's problem: q's rows are q_stride apart.
+struct DecodeProblem {
+  int64_t heads, head_dim, kv_heads, max_blocks, max_context, q_stride;
+  float scale;
+  const float *k_scales, *v_scales;  // an int8 cache's, else nullptr
+  const int64_t *tables, *lens;
+};
+// out (rows, heads, head_dim) contiguous; received_parts (rows, kv_heads, max_context) added to, or nullptr.
+template <typename T, typename C>
+void decode_attention_rows(const DecodeProblem& p, int64_t rows, const T* q, const C* k_cache, const C* v_cache,
+                           T* out, float* received_parts);
+
 // Each row's index of its largest value, the first of equal ones (a NaN's where a row has one), as
 // torch's max(dim=-1).indices; x (rows, n) float32 or bf16 (argmax_cpu.cpp).
 torch::Tensor argmax_rows(torch::Tensor x);
@@ -61,6 +96,9 @@ torch::Tensor argmax_rows(torch::Tensor x);
 struct LinearWeights {
   torch::Tensor weight;
   std::optional<torch::Tensor> packed, onednn, bias, scale;
+  // Set by DecodeLayers: the bias in float32, and whether packed_linear's vector path takes the weight.
+  std::optional<torch::Tensor> float_bias;
+  bool vector_path = false;
 };
 
 // One decoder layer's weights (qkv and gate_up fused); Qwen3's per-head norms where it has them.
@@ -69,6 +107,8 @@ struct LayerWeights {
   LinearWeights qkv, o, gate_up, down;
   std::optional<torch::Tensor> q_norm, k_norm;
 };
+
+struct DecodeStep;  // a step's tensors, in decode_layers_cpu.cpp
 
 // A decode step's pass through every decoder layer (decode_layers_cpu.cpp).
 class DecodeLayers {
@@ -92,6 +132,11 @@ class DecodeLayers {
   double eps_;
   torch::Tensor cos_, sin_;
   int64_t max_kernel_rows_;
+
+  template <typename T, typename C>
+  void run_layers(DecodeStep& step) const;
+  torch::Tensor linear(const torch::Tensor& x, const LinearWeights& w, const torch::Tensor& buffer,
+                       int64_t kernel_rows) const;
 };
 
 }  // namespace kvchat

@@ -17,6 +17,15 @@ inline const C* head_block(const C* cache, const Problem& p, int64_t block, int6
   return cache + (block * p.kv_heads + kv_head) * p.head_dim * kBlock;
 }
 
+// One layer's part of the cache (engine/kv_cache.py): keys, then values, each (blocks, kv_heads, head_dim *
+// block_size); an int8 cache's scales likewise, each (blocks, kv_heads, block_size).
+template <typename C>
+struct LayerKv {
+  C* data;
+  float* scales;  // an int8 cache's, else nullptr
+  int64_t blocks, kv_heads, head_dim, block_size;
+};
+
 // Calls fn(T{}, C{}): T is the compute type (the queries'), C the cache's elements, T or int8_t.
 template <typename Fn>
 void dispatch_kv(at::ScalarType compute, const torch::Tensor& cache, const char* name, Fn fn) {

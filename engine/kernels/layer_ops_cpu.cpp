@@ -89,6 +89,87 @@ void check_rows(const torch::Tensor& x, const torch::Tensor& weight) {
 
 }  // namespace
 
+template <typename T>
+void add_rms_norm_rows(T* x, T* residual, const T* weight, int64_t rows, int64_t size, double eps) {
+  for_rows(rows, [&](int64_t r) {
+    for (int64_t j = 0; j < size; ++j) residual[r * size + j] += x[r * size + j];
+    normalise_row(residual + r * size, weight, x + r * size, size, eps);
+  });
+}
+
+template <typename T>
+void rms_norm_heads(T* x, int64_t rows, int64_t heads, int64_t stride, const T* weight, int64_t head_dim,
+                    double eps) {
+  for_rows(rows, [&](int64_t r) {
+    for (int64_t h = 0; h < heads; ++h) {
+      T* head = x + r * stride + h * head_dim;
+      normalise_row(head, weight, head, head_dim, eps);  // reads each value before it writes it
+    }
+  });
+}
+
+template <typename T>
+void silu_and_mul_rows(const T* x, int64_t rows, int64_t stride, int64_t width, T* out) {
+  for_rows(rows, [&](int64_t r) { activate_row(x + r * stride, x + r * stride + width, out + r * width, width); });
+}
+
+template <typename T>
+void rotary_rows(T* x, int64_t rows, int64_t heads, int64_t stride, const int64_t* positions, const T* cos,
+                 const T* sin, int64_t head_dim) {
+  const int64_t half = head_dim / 2;
+  for_rows(rows, [&](int64_t t) {
+    const T* c = cos + positions[t] * head_dim;
+    const T* s = sin + positions[t] * head_dim;
+    for (int64_t h = 0; h < heads; ++h) {
+      T* v = x + t * stride + h * head_dim;
+      // transformers: x * cos + rotate_half(x) * sin, where rotate_half(x) = (-second half, first half).
+      for (int64_t d = 0; d < half; ++d) {
+        const float first = static_cast<float>(v[d]), second = static_cast<float>(v[d + half]);
+        v[d] = static_cast<T>(first * static_cast<float>(c[d]) - second * static_cast<float>(s[d]));
+        v[d + half] = static_cast<T>(second * static_cast<float>(c[d + half]) + first * static_cast<float>(s[d + half]));
+      }
+    }
+  });
+}
+
+template <typename T, typename C>
+void write_kv_rows(const T* k, const T* v, int64_t tokens, int64_t k_stride, int64_t v_stride,
+                   const int64_t* slot_blocks, const int64_t* slot_offsets, const LayerKv<C>& cache) {
+  const int64_t kv_heads = cache.kv_heads, head_dim = cache.head_dim, block_size = cache.block_size;
+  const int64_t width = head_dim * block_size;
+  const int64_t values_at = cache.blocks * kv_heads * width, value_scales_at = cache.blocks * kv_heads * block_size;
+  for (int64_t i = 0; i < tokens; ++i) {
+    const int64_t block = slot_blocks[i], offset = slot_offsets[i];
+    TORCH_CHECK(block >= 0 && block < cache.blocks && offset >= 0 && offset < block_size, "slot out of range");
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t cell = (block * kv_heads + h) * width;  // keys transposed: (head_dim, block_size)
+      float* scale = cache.scales != nullptr ? cache.scales + (block * kv_heads + h) * block_size + offset : nullptr;
+      store_row(k + i * k_stride + h * head_dim, head_dim, cache.data + cell + offset, block_size, scale);
+      store_row(v + i * v_stride + h * head_dim, head_dim, cache.data + values_at + cell + offset * head_dim, 1,
+                scale != nullptr ? scale + value_scales_at : nullptr);
+    }
+  }
+}
+
+template void add_rms_norm_rows(float*, float*, const float*, int64_t, int64_t, double);
+template void add_rms_norm_rows(c10::BFloat16*, c10::BFloat16*, const c10::BFloat16*, int64_t, int64_t, double);
+template void rms_norm_heads(float*, int64_t, int64_t, int64_t, const float*, int64_t, double);
+template void rms_norm_heads(c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*, int64_t, double);
+template void silu_and_mul_rows(const float*, int64_t, int64_t, int64_t, float*);
+template void silu_and_mul_rows(const c10::BFloat16*, int64_t, int64_t, int64_t, c10::BFloat16*);
+template void rotary_rows(float*, int64_t, int64_t, int64_t, const int64_t*, const float*, const float*, int64_t);
+template void rotary_rows(c10::BFloat16*, int64_t, int64_t, int64_t, const int64_t*, const c10::BFloat16*,
+                          const c10::BFloat16*, int64_t);
+#define KVCHAT_WRITE_KV_ROWS(T, C)                                                                         \
+  template void write_kv_rows(const T*, const T*, int64_t, int64_t, int64_t, const int64_t*, const int64_t*, \
+                              const LayerKv<C>&);
+KVCHAT_WRITE_KV_ROWS(float, float)
+KVCHAT_WRITE_KV_ROWS(float, int8_t)
+KVCHAT_WRITE_KV_ROWS(c10::BFloat16, c10::BFloat16)
+KVCHAT_WRITE_KV_ROWS(c10::BFloat16, int8_t)
+KVCHAT_WRITE_KV_ROWS(c10::Half, c10::Half)
+KVCHAT_WRITE_KV_ROWS(c10::Half, int8_t)
+
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   x = x.contiguous();
   check_rows(x, weight);
@@ -108,100 +189,63 @@ void add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight,
   TORCH_CHECK(residual.sizes() == x.sizes() && residual.is_contiguous() && residual.scalar_type() == x.scalar_type(),
               "residual must be contiguous, shaped and typed as x");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
-    const int64_t size = x.size(1);
-    scalar_t* rows = x.data_ptr<scalar_t>();
-    scalar_t* sums = residual.data_ptr<scalar_t>();
-    for_rows(x.size(0), [&](int64_t r) {
-      for (int64_t j = 0; j < size; ++j) sums[r * size + j] += rows[r * size + j];
-      normalise_row(sums + r * size, weight.data_ptr<scalar_t>(), rows + r * size, size, eps);
-    });
+    add_rms_norm_rows(x.data_ptr<scalar_t>(), residual.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), x.size(0),
+                      x.size(1), eps);
   });
 }
 
 torch::Tensor silu_and_mul(torch::Tensor x) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) % 2 == 0 && x.stride(1) == 1, "x must be (rows, 2 * width), rows contiguous");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16, "x: float32 or bf16");
   const int64_t rows = x.size(0), width = x.size(1) / 2;
   auto out = torch::empty({rows, width}, x.options().memory_format(at::MemoryFormat::Contiguous));
-  auto activate = [&](auto type) {
-    using T = decltype(type);
-    for_rows(rows, [&](int64_t r) {
-      const T* gate = x.data_ptr<T>() + r * x.stride(0);
-      activate_row(gate, gate + width, out.data_ptr<T>() + r * width, width);
-    });
-  };
-  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16, "x: float32 or bf16");
   if (x.scalar_type() == torch::kFloat)
-    activate(float{});
+    silu_and_mul_rows(x.data_ptr<float>(), rows, x.stride(0), width, out.data_ptr<float>());
   else
-    activate(c10::BFloat16{});
+    silu_and_mul_rows(x.data_ptr<c10::BFloat16>(), rows, x.stride(0), width, out.data_ptr<c10::BFloat16>());
   return out;
 }
 
 void rotary(torch::Tensor q, torch::Tensor k, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && q.stride(2) == 1 && k.stride(2) == 1,
-              "q and k must be (tokens, heads, head_dim) with contiguous head_dim");
-  TORCH_CHECK(cos.scalar_type() == q.scalar_type() && cos.is_contiguous() && sin.is_contiguous(),
-              "cos and sin must be contiguous tables of q's dtype");
+  for (const torch::Tensor* x : {&q, &k})
+    TORCH_CHECK(x->dim() == 3 && x->stride(2) == 1 && x->stride(1) == x->size(2) && x->size(0) == positions.numel(),
+                "q and k must be (tokens, heads, head_dim) with each token's heads contiguous");
+  TORCH_CHECK(cos.scalar_type() == q.scalar_type() && cos.is_contiguous() && sin.is_contiguous() &&
+                  cos.size(1) == q.size(2) && sin.sizes() == cos.sizes(),
+              "cos and sin must be contiguous (positions, head_dim) tables of q's dtype");
   TORCH_CHECK(positions.scalar_type() == torch::kLong && positions.is_contiguous(), "positions: int64");
-  const int64_t half = q.size(2) / 2;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "rotary", [&] {
-    for (torch::Tensor* tensor : {&q, &k}) {
-      scalar_t* data = tensor->data_ptr<scalar_t>();
-      for_rows(tensor->size(0), [&](int64_t t) {
-        const int64_t position = positions.data_ptr<int64_t>()[t];
-        const scalar_t* c = cos.data_ptr<scalar_t>() + position * cos.size(1);
-        const scalar_t* s = sin.data_ptr<scalar_t>() + position * sin.size(1);
-        for (int64_t h = 0; h < tensor->size(1); ++h) {
-          scalar_t* x = data + t * tensor->stride(0) + h * tensor->stride(1);
-          // transformers: x * cos + rotate_half(x) * sin, where rotate_half(x) = (-second half, first half).
-          for (int64_t d = 0; d < half; ++d) {
-            const float first = static_cast<float>(x[d]), second = static_cast<float>(x[d + half]);
-            x[d] = static_cast<scalar_t>(first * static_cast<float>(c[d]) - second * static_cast<float>(s[d]));
-            x[d + half] = static_cast<scalar_t>(second * static_cast<float>(c[d + half]) +
-                                                first * static_cast<float>(s[d + half]));
-          }
-        }
-      });
-    }
+    for (torch::Tensor* x : {&q, &k})
+      rotary_rows(x->data_ptr<scalar_t>(), x->size(0), x->size(1), x->stride(0), positions.data_ptr<int64_t>(),
+                  cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(), x->size(2));
   });
 }
 
 void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor layer_cache, torch::Tensor slot_blocks,
               torch::Tensor slot_offsets, std::optional<torch::Tensor> layer_scales) {
   TORCH_CHECK(layer_cache.is_contiguous() && layer_cache.dim() == 4, "layer_cache: (2, blocks, kv_heads, width)");
-  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k.scalar_type() == v.scalar_type(),
-              "k and v: (tokens, kv_heads, head_dim) with contiguous head_dim, of one dtype");
+  TORCH_CHECK(k.sizes() == v.sizes() && k.scalar_type() == v.scalar_type(), "k and v: one shape and dtype");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k.stride(1) == k.size(2) && v.stride(1) == v.size(2),
+              "k and v: (tokens, kv_heads, head_dim) with each token's heads contiguous");
+  TORCH_CHECK(k.size(1) == layer_cache.size(2) && layer_cache.size(3) % k.size(2) == 0,
+              "k and v must match the cache's kv_heads and head_dim");
   TORCH_CHECK(slot_blocks.is_contiguous() && slot_offsets.is_contiguous() &&
-                  slot_blocks.scalar_type() == torch::kLong && slot_offsets.scalar_type() == torch::kLong,
-              "slot_blocks and slot_offsets: contiguous int64");
-  const int64_t blocks = layer_cache.size(1), kv_heads = layer_cache.size(2), width = layer_cache.size(3);
-  const int64_t head_dim = k.size(2), block_size = width / head_dim;
-  float* scales = nullptr;  // an int8 cache's, (2, blocks, kv_heads, block_size)
-  if (layer_scales.has_value()) {
+                  slot_blocks.scalar_type() == torch::kLong && slot_offsets.scalar_type() == torch::kLong &&
+                  slot_blocks.numel() == k.size(0) && slot_offsets.numel() == k.size(0),
+              "slot_blocks and slot_offsets: contiguous int64, one per token");
+  const int64_t blocks = layer_cache.size(1), block_size = layer_cache.size(3) / k.size(2);
+  if (layer_scales.has_value())
     TORCH_CHECK(layer_scales->scalar_type() == torch::kFloat && layer_scales->is_contiguous() &&
-                    layer_scales->numel() == 2 * blocks * kv_heads * block_size,
+                    layer_scales->numel() == 2 * blocks * k.size(1) * block_size,
                 "layer_scales: contiguous float32 (2, blocks, kv_heads, block_size)");
-    scales = layer_scales->data_ptr<float>();
-  }
   dispatch_kv(k.scalar_type(), layer_cache, "write_kv", [&](auto t, auto c) {
     using T = decltype(t);
     using C = decltype(c);
-    TORCH_CHECK((std::is_same_v<C, int8_t>) == (scales != nullptr), "an int8 cache needs its scales");
-    C* keys = layer_cache.data_ptr<C>();
-    C* values = keys + blocks * kv_heads * width;
-    for (int64_t i = 0; i < k.size(0); ++i) {
-      const int64_t block = slot_blocks.data_ptr<int64_t>()[i], offset = slot_offsets.data_ptr<int64_t>()[i];
-      TORCH_CHECK(block >= 0 && block < blocks && offset >= 0 && offset < block_size, "slot out of range");
-      for (int64_t h = 0; h < kv_heads; ++h) {
-        const T* key = k.data_ptr<T>() + i * k.stride(0) + h * k.stride(1);
-        const T* value = v.data_ptr<T>() + i * v.stride(0) + h * v.stride(1);
-        const int64_t cell = (block * kv_heads + h) * width;  // keys transposed: (head_dim, block_size)
-        const int64_t scale_slot = (block * kv_heads + h) * block_size + offset;
-        store_row(key, head_dim, keys + cell + offset, block_size, scales ? scales + scale_slot : nullptr);
-        store_row(value, head_dim, values + cell + offset * head_dim, 1,
-                  scales ? scales + blocks * kv_heads * block_size + scale_slot : nullptr);
-      }
-    }
+    TORCH_CHECK((std::is_same_v<C, int8_t>) == layer_scales.has_value(), "an int8 cache needs its scales");
+    const LayerKv<C> cache{layer_cache.data_ptr<C>(), layer_scales ? layer_scales->data_ptr<float>() : nullptr,
+                           blocks, k.size(1), k.size(2), block_size};
+    write_kv_rows(k.data_ptr<T>(), v.data_ptr<T>(), k.size(0), k.stride(0), v.stride(0),
+                  slot_blocks.data_ptr<int64_t>(), slot_offsets.data_ptr<int64_t>(), cache);
   });
 }
 

@@ -407,13 +407,23 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, std::optional
     return out;
   }
 #endif
-  const auto* x_data = x.data_ptr<c10::BFloat16>();
-  if (quantized) {
-    vector_linear(x_data, rows, in, packed.data_ptr<int8_t>(), bias_data, scale_data, out_data, out_features);
-  } else {
-    vector_linear(x_data, rows, in, packed.data_ptr<c10::BFloat16>(), bias_data, nullptr, out_data, out_features);
-  }
+  packed_linear_rows(x.data_ptr<c10::BFloat16>(), rows, packed, bias_data, scale_data, out_data);
   return out;
+#else
+  TORCH_CHECK(false, "packed_linear needs a CPU with AVX-512 BF16 and VBMI");
+#endif
+}
+
+void packed_linear_rows(const c10::BFloat16* x, int64_t rows, const torch::Tensor& packed, const float* bias,
+                        const float* scale, c10::BFloat16* out) {
+#if defined(__AVX512BF16__) && defined(__AVX512VBMI__)
+  const int64_t in = packed.size(1) * 2, out_features = packed.size(0) * kPanel;
+  const void* weights = packed.data_ptr();  // data_ptr<T> would check the dtype again, per product
+  if (packed.scalar_type() == torch::kChar) {
+    vector_linear(x, rows, in, static_cast<const int8_t*>(weights), bias, scale, out, out_features);
+  } else {
+    vector_linear(x, rows, in, static_cast<const c10::BFloat16*>(weights), bias, nullptr, out, out_features);
+  }
 #else
   TORCH_CHECK(false, "packed_linear needs a CPU with AVX-512 BF16 and VBMI");
 #endif

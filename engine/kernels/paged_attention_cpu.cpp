@@ -48,14 +48,7 @@ constexpr int kChainsBf16 = 2;  // q.k's accumulators a query head with the bf16
 // A float cache's scales: multiplying by 1 is exact, so one code path serves both kinds of cache.
 constexpr float kOnes[kBlock] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 
-struct Problem {
-  int64_t heads, head_dim, kv_heads, max_blocks, max_context;
-  float scale;
-  const float *k_scales, *v_scales;  // an int8 cache's, else nullptr
-  const int64_t *tables, *lens;
-};
-
-inline const float* block_scales(const float* scales, const Problem& p, int64_t block, int64_t kv_head) {
+inline const float* block_scales(const float* scales, const DecodeProblem& p, int64_t block, int64_t kv_head) {
   return scales != nullptr ? scales + (block * p.kv_heads + kv_head) * kBlock : kOnes;
 }
 
@@ -78,7 +71,7 @@ inline void fetch_to_l2(const C* start, int64_t elements) {
 // Before block b of a sequence's `blocks` is computed: the one kAheadBlocks on (at the first, all of those
 // up to it).
 template <typename C>
-inline void fetch_ahead(const C* cache, const Problem& p, const int64_t* table, int64_t kv_head, int64_t b,
+inline void fetch_ahead(const C* cache, const DecodeProblem& p, const int64_t* table, int64_t kv_head, int64_t b,
                         int64_t blocks) {
   for (int64_t next = b == 0 ? 1 : kAheadBlocks; next <= kAheadBlocks && b + next < blocks; ++next)
     fetch_to_l2(head_block(cache, p, table[b + next], kv_head), p.head_dim * kBlock);
@@ -86,7 +79,7 @@ inline void fetch_ahead(const C* cache, const Problem& p, const int64_t* table, 
 
 // scores[g][first:first + 16] = scale * q_g . each key of the block (past the context: whatever it holds).
 template <typename C, int GROUP>
-void qk_block(const Problem& p, const float* query, const C* keys, const float* key_scales, float* scores,
+void qk_block(const DecodeProblem& p, const float* query, const C* keys, const float* key_scales, float* scores,
               int64_t padded, int64_t first) {
   // Two chains of FMAs (even and odd d) where one would leave the FMA units waiting on its latency.
   constexpr int CHAINS = GROUP * kVectors >= 8 ? 1 : 2;
@@ -148,7 +141,7 @@ struct Item {
 
 // Every row's scores over its context, the blocks in order, later ones fetched while one is computed.
 template <typename T, typename C, int GROUP>
-void qk(const Problem& p, const C* k_cache, const int64_t* table, int64_t kv_head, Row* rows, int64_t count,
+void qk(const DecodeProblem& p, const C* k_cache, const int64_t* table, int64_t kv_head, Row* rows, int64_t count,
         int64_t padded) {
   const int64_t blocks = padded / kBlock;
   for (int64_t first = 0, b = 0; first < rows[count - 1].length; first += kBlock, ++b) {
@@ -171,7 +164,7 @@ void qk(const Problem& p, const C* k_cache, const int64_t* table, int64_t kv_hea
 // Every row's sums[g][0:head_dim] = probabilities[g] . values.  Up to kPassVectors vectors of head_dim per
 // pass over a block: GROUP * kPassVectors chains of FMAs, enough to hide their latency.
 template <typename C, int GROUP>
-void pv(const Problem& p, const C* v_cache, const int64_t* table, int64_t kv_head, Row* rows, int64_t count,
+void pv(const DecodeProblem& p, const C* v_cache, const int64_t* table, int64_t kv_head, Row* rows, int64_t count,
         int64_t padded) {
   const int64_t blocks = padded / kBlock;
   for (int64_t r = 0; r < count; ++r) std::fill(rows[r].sums, rows[r].sums + GROUP * p.head_dim, 0.0f);
@@ -195,7 +188,7 @@ void pv(const Problem& p, const C* v_cache, const int64_t* table, int64_t kv_hea
 // pv with the bf16 products: 32 elements of head_dim per pass over a span of kAheadBlocks blocks, whose next
 // span is fetched while one is computed.
 template <int GROUP>
-void pv_bf16(const Problem& p, const c10::BFloat16* v_cache, const int64_t* table, int64_t kv_head, Row* rows,
+void pv_bf16(const DecodeProblem& p, const c10::BFloat16* v_cache, const int64_t* table, int64_t kv_head, Row* rows,
              int64_t count, int64_t padded) {
   constexpr int64_t kSpanBlocks = kAheadBlocks, kWidth = 32;
   const int64_t longest = rows[count - 1].length, blocks = padded / kBlock;
@@ -221,7 +214,7 @@ void pv_bf16(const Problem& p, const c10::BFloat16* v_cache, const int64_t* tabl
 // scores -> probabilities, added to the row's `received` (if not null) for the importance of its tokens.
 // The bf16 products' scores are scaled here, their probabilities rounded to bf16 for p.v.
 template <typename T, typename C, int GROUP>
-void normalise(const Problem& p, const Row& row, int64_t padded, float* received) {
+void normalise(const DecodeProblem& p, const Row& row, int64_t padded, float* received) {
   for (int g = 0; g < GROUP; ++g) {
     float* s = row.scores + g * padded;
     if constexpr (kDotBf16<T, C>)
@@ -238,7 +231,7 @@ void normalise(const Problem& p, const Row& row, int64_t padded, float* received
 
 // received_parts, if not null: a (rows, kv_heads, max_context) row per row and KV head to add to.
 template <typename T, typename C, int GROUP>
-void attend(const Problem& p, const T* q, const C* k_cache, const C* v_cache, const Item& item,
+void attend(const DecodeProblem& p, const T* q, const C* k_cache, const C* v_cache, const Item& item,
             std::vector<float>& buffer, T* out, float* received_parts) {
   const int64_t hd = p.head_dim, longest = p.lens[item.first_row + item.rows - 1];
   const int64_t padded = (longest + kBlock - 1) / kBlock * kBlock;
@@ -248,7 +241,7 @@ void attend(const Problem& p, const T* q, const C* k_cache, const C* v_cache, co
   for (int64_t r = 0; r < item.rows; ++r) {
     const int64_t index = item.first_row + r;
     float* start = buffer.data() + r * per_row;
-    const T* q_rows = q + (index * p.heads + item.kv_head * GROUP) * hd;
+    const T* q_rows = q + index * p.q_stride + item.kv_head * GROUP * hd;
     rows[r] = {index, p.lens[index], start, start + GROUP * hd, start + 2 * GROUP * hd, nullptr,
                reinterpret_cast<c10::BFloat16*>(start + GROUP * (2 * hd + padded))};
     if constexpr (kDotBf16<T, C>)
@@ -277,7 +270,7 @@ void attend(const Problem& p, const T* q, const C* k_cache, const C* v_cache, co
 
 // Work items: runs of consecutive rows with the same block table, by kItemRows, in rows of nondecreasing
 // length (a draft's rows see one more token each), times the KV heads.
-std::vector<Item> items_of(const Problem& p, int64_t rows) {
+std::vector<Item> items_of(const DecodeProblem& p, int64_t rows) {
   std::vector<Item> items;
   for (int64_t row = 0; row < rows;) {
     int64_t count = 1;
@@ -295,7 +288,7 @@ std::vector<Item> items_of(const Problem& p, int64_t rows) {
 // about equal: a row costs its tokens of context and a block's worth more.  A step's sequences differ in
 // length by tens of times, and an even split by count kept one thread waiting for the other: OpenMP's
 // wait took 18.6 % of the samples of 32-sequence decode steps (40-728 tokens of prompt).
-std::vector<int64_t> balanced_cuts(const Problem& p, const std::vector<Item>& items, int64_t threads) {
+std::vector<int64_t> balanced_cuts(const DecodeProblem& p, const std::vector<Item>& items, int64_t threads) {
   std::vector<int64_t> work(items.size() + 1, 0);  // work[i]: the items before i
   for (size_t i = 0; i < items.size(); ++i) {
     work[i + 1] = work[i];
@@ -313,7 +306,7 @@ std::vector<int64_t> balanced_cuts(const Problem& p, const std::vector<Item>& it
 }
 
 template <typename T, typename C, int GROUP>
-void attend_all(const Problem& p, int64_t rows, const T* q, const C* k_cache, const C* v_cache, T* out,
+void attend_all(const DecodeProblem& p, int64_t rows, const T* q, const C* k_cache, const C* v_cache, T* out,
                 float* received_parts) {
   const std::vector<Item> items = items_of(p, rows);
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(items.size()));
@@ -325,6 +318,27 @@ void attend_all(const Problem& p, int64_t rows, const T* q, const C* k_cache, co
       attend<T, C, GROUP>(p, q, k_cache, v_cache, items[i], buffer, out, received_parts);
   });
 }
+
+}  // namespace
+
+template <typename T, typename C>
+void decode_attention_rows(const DecodeProblem& p, int64_t rows, const T* q, const C* k_cache, const C* v_cache,
+                           T* out, float* received_parts) {
+  with_constant<8>(p.heads / p.kv_heads, [&](auto group) {
+    attend_all<T, C, decltype(group)::value>(p, rows, q, k_cache, v_cache, out, received_parts);
+  });
+}
+
+#define KVCHAT_DECODE_ATTENTION_ROWS(T, C) \
+  template void decode_attention_rows(const DecodeProblem&, int64_t, const T*, const C*, const C*, T*, float*);
+KVCHAT_DECODE_ATTENTION_ROWS(float, float)
+KVCHAT_DECODE_ATTENTION_ROWS(float, int8_t)
+KVCHAT_DECODE_ATTENTION_ROWS(c10::BFloat16, c10::BFloat16)
+KVCHAT_DECODE_ATTENTION_ROWS(c10::BFloat16, int8_t)
+KVCHAT_DECODE_ATTENTION_ROWS(c10::Half, c10::Half)
+KVCHAT_DECODE_ATTENTION_ROWS(c10::Half, int8_t)
+
+namespace {
 
 void check(const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& block_tables,
            const torch::Tensor& context_lens, int64_t heads, int64_t head_dim) {
@@ -349,27 +363,25 @@ std::tuple<torch::Tensor, torch::Tensor> paged_decode_attention(
   const int64_t seqs = q.size(0), heads = q.size(1), kv_heads = k_cache.size(1);
   check(k_cache, v_cache, block_tables, context_lens, heads, q.size(2));
   const int64_t max_context = block_tables.size(1) * kBlock;
-  const Problem p{heads,
-                  q.size(2),
-                  kv_heads,
-                  block_tables.size(1),
-                  max_context,
-                  static_cast<float>(scale),
-                  kv_scales(k_cache, k_scales),
-                  kv_scales(v_cache, v_scales),
-                  block_tables.data_ptr<int64_t>(),
-                  context_lens.data_ptr<int64_t>()};
+  const DecodeProblem p{heads,
+                        q.size(2),
+                        kv_heads,
+                        block_tables.size(1),
+                        max_context,
+                        heads * q.size(2),
+                        static_cast<float>(scale),
+                        kv_scales(k_cache, k_scales),
+                        kv_scales(v_cache, v_scales),
+                        block_tables.data_ptr<int64_t>(),
+                        context_lens.data_ptr<int64_t>()};
   auto out = torch::empty_like(q);
   torch::Tensor received_parts;
   if (sum_attention) received_parts = torch::zeros({seqs, kv_heads, max_context}, q.options().dtype(torch::kFloat));
   dispatch_kv(q.scalar_type(), k_cache, "paged_decode_attention", [&](auto t, auto c) {
     using T = decltype(t);
     using C = decltype(c);
-    with_constant<8>(heads / kv_heads, [&](auto group) {
-      attend_all<T, C, decltype(group)::value>(p, seqs, q.data_ptr<T>(), k_cache.data_ptr<C>(),
-                                               v_cache.data_ptr<C>(), out.data_ptr<T>(),
-                                               sum_attention ? received_parts.data_ptr<float>() : nullptr);
-    });
+    decode_attention_rows(p, seqs, q.data_ptr<T>(), k_cache.data_ptr<C>(), v_cache.data_ptr<C>(), out.data_ptr<T>(),
+                          sum_attention ? received_parts.data_ptr<float>() : nullptr);
   });
   return {out, sum_attention ? received_parts.sum(1) : torch::Tensor()};
 }

@@ -44,7 +44,9 @@ class ModelRunner:
             for first, item in samplers
             for row in range(first + item.num_new_tokens - 1, first + item.num_input_tokens)
         ]
-        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)], kernel_rows=len(samplers))
+        if len(rows) < len(hidden):  # a decode step's rows are all its samplers': no copy
+            hidden = hidden[torch.tensor(rows, device=self.device)]
+        logits = self.model.logits(hidden, kernel_rows=len(samplers))
         return self.emit(samplers, logits, meta)
 
     def emit(self, samplers: list[tuple[int, ScheduledSeq]], logits: torch.Tensor, meta) -> dict:
@@ -71,59 +73,68 @@ class ModelRunner:
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         decodes = [item for item in batch if item.num_new_tokens == 1]
-        ids, positions, slot_parts = [], [], []
+        ids, positions, slots = [], [], []  # slots: the cache position of each new token's KV
         meta = AttentionMetadata(torch.empty(0), torch.empty(0))
         if any(item.seq.session_id is not None for item in batch):
             meta.importance = ImportanceTracker(self.kv_cache.importance, self.block_size)
         if decodes:
-            slot_parts.append(self.prepare_decodes(decodes, meta, ids, positions))
+            self.prepare_decodes(decodes, meta, ids, positions, slots)
         start = meta.num_decode_tokens
         for item in batch[len(decodes) :]:
             seq, count = item.seq, item.num_new_tokens
             first = seq.num_computed_tokens
             ids += seq.token_ids[first : first + count]
             positions += seq.positions[first : first + count]
+            slots += [self.slot_of(seq, index) for index in range(first, first + count)]
             block_table = torch.tensor(seq.block_table[: blocks_for(first + count, self.block_size)])
-            new_slots = torch.arange(first, first + count)
-            slot_parts.append(
-                block_table[new_slots // self.block_size] * self.block_size + new_slots % self.block_size
-            )
             meta.prefills.append(PrefillChunk(start, start + count, block_table.to(self.device), first))
             start += count
-        slots = torch.cat(slot_parts).to(self.device)
-        meta.slot_blocks, meta.slot_offsets = slots // self.block_size, slots % self.block_size
+        # Python's ints, not tensor ops: a batch-1 decode step's metadata took a dozen ops, ~0.1 ms.
+        meta.slot_blocks = torch.tensor([block for block, _ in slots], dtype=torch.long, device=self.device)
+        meta.slot_offsets = torch.tensor(
+            [offset for _, offset in slots], dtype=torch.long, device=self.device
+        )
         if meta.importance is not None:
-            meta.importance.start_step(slots, meta)
+            meta.importance.start_step(meta.slot_blocks * self.block_size + meta.slot_offsets, meta)
             for first, item in zip(starts_of(decodes), decodes, strict=True):
                 if item.draft_token_ids:
                     meta.importance.hold_draft(first, item.num_input_tokens)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         return input_ids, torch.tensor(positions, dtype=torch.long, device=self.device), meta
 
-    def prepare_decodes(self, items: list[ScheduledSeq], meta: AttentionMetadata, ids: list, positions: list):
+    def prepare_decodes(
+        self, items: list[ScheduledSeq], meta: AttentionMetadata, ids: list, positions: list, slots: list
+    ):
         """Single-token queries, one row each; a draft's tokens are rows too, each seeing the sequence's
         cache up to its own position (the step writes every row's KV before any row attends), so checking
         a draft costs a few more rows of a decode step."""
-        rows = [(item.seq, offset) for item in items for offset in range(item.num_input_tokens)]
+        rows = [
+            (item.seq, item.seq.num_computed_tokens + offset)
+            for item in items
+            for offset in range(item.num_input_tokens)
+        ]
         for item in items:
             seq, first = item.seq, item.seq.num_computed_tokens
             ids += [seq.token_ids[first], *item.draft_token_ids]
             positions += range(seq.positions[first], seq.positions[first] + item.num_input_tokens)
+        slots += [self.slot_of(seq, index) for seq, index in rows]
         width = max(len(seq.block_table) for seq, _ in rows)
-        tables = torch.tensor([seq.block_table + [0] * (width - len(seq.block_table)) for seq, _ in rows])
-        new_slots = torch.tensor([seq.num_computed_tokens + offset for seq, offset in rows])
-        indices = torch.arange(len(rows))
-        slots = tables[indices, new_slots // self.block_size] * self.block_size + new_slots % self.block_size
+        tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq, _ in rows]
         meta.num_decode_tokens = len(rows)
         meta.num_draft_tokens = sum(len(item.draft_token_ids) for item in items)
-        meta.decode_block_tables = tables.to(self.device)
-        meta.decode_context_lens = (new_slots + 1).to(self.device)
-        return slots
+        meta.decode_block_tables = torch.tensor(tables, dtype=torch.long, device=self.device)
+        meta.decode_context_lens = torch.tensor(
+            [index + 1 for _, index in rows], dtype=torch.long, device=self.device
+        )
+
+    def slot_of(self, seq: Sequence, index: int) -> tuple[int, int]:
+        """The cache block and offset that hold the KV of the sequence's token `index`."""
+        return seq.block_table[index // self.block_size], index % self.block_size
 
 
 def starts_of(items: list[ScheduledSeq]) -> list[int]:
     """The first row of each item in the step's flat batch (items in batch order from row 0)."""
-    return [0, *torch.tensor([item.num_input_tokens for item in items]).cumsum(0).tolist()][: len(items)]
+    return [0, *itertools.accumulate(item.num_input_tokens for item in items)][: len(items)]
 
 
 def attention_kernels_fit(shape: ModelShape, block_size: int) -> bool:

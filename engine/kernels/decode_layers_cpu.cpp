@@ -7,9 +7,11 @@
 // the attention each cached token receives is summed over layers and heads for session eviction.
 //
 // The layers call the kernels' raw forms on buffers made once per step: through torch's ops (views of
-// q, k and v, each product's output, the layer's part of the cache) the pass spent about a quarter of
-// an int8 batch-1 step making and freeing tensors and dispatching, more than its attention.
+// q, k and v, each product's output, the layer's part of the cache) about a quarter of the main thread's
+// time in an int8 batch-1 pass went to making and freeing tensors and dispatching, more than attention.
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 
 #include "float_args.h"
 #include "kernels.h"
@@ -38,8 +40,8 @@ torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& weight,
   return op.call(x, weight, bias, "none", c10::List<std::optional<c10::Scalar>>(), std::nullopt);
 }
 
-// A tensor's elements without data_ptr<T>'s dtype check, which forward made once: checked per call, a
-// pass's ~1,000 pointers took 4 % of an int8 batch-1 pass.
+// A tensor's elements without data_ptr<T>'s dtype check (forward and the constructor check the dtypes
+// once): checked on each of a pass's ~1,000 calls, it took 4 % of the main thread in an int8 batch-1 pass.
 template <typename T>
 T* elements(const torch::Tensor& t) {
   return static_cast<T*>(t.data_ptr());
@@ -47,6 +49,27 @@ T* elements(const torch::Tensor& t) {
 
 void check_long(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.scalar_type() == torch::kLong && t.is_contiguous(), name, ": contiguous int64");
+}
+
+// forward's arguments, checked once for a pass that reads them through raw pointers.
+void check_step(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& kv_cache,
+                const std::optional<torch::Tensor>& kv_scales, int64_t head_dim,
+                std::initializer_list<std::pair<const torch::Tensor&, const char*>> indices) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && residual.sizes() == x.sizes() && residual.is_contiguous() &&
+                  residual.scalar_type() == x.scalar_type(),
+              "x and residual: contiguous (rows, hidden) of one dtype");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16, "x: float32 or bf16");
+  for (const auto& [t, name] : indices) {
+    check_long(t, name);
+    TORCH_CHECK(t.size(0) == x.size(0), name, ": one per row");
+  }
+  const bool int8 = kv_cache.scalar_type() == torch::kChar;
+  TORCH_CHECK(int8 || kv_cache.scalar_type() == x.scalar_type(), "kv_cache: int8 or of x's dtype");
+  TORCH_CHECK(int8 == kv_scales.has_value(), "an int8 cache needs its scales, a float cache has none");
+  if (int8)
+    TORCH_CHECK(kv_scales->scalar_type() == torch::kFloat && kv_scales->is_contiguous() &&
+                    kv_scales->numel() == kv_cache.numel() / head_dim,
+                "kv_scales: contiguous float32 (layers, 2, blocks, kv_heads, 16)");
 }
 
 }  // namespace
@@ -75,7 +98,8 @@ DecodeLayers::DecodeLayers(std::vector<LayerWeights> layers, int64_t heads, int6
   TORCH_CHECK(head_dim % 32 == 0 && cos_.is_contiguous() && sin_.is_contiguous() && cos_.size(1) == head_dim,
               "head_dim a multiple of 32, cos and sin contiguous (positions, head_dim) tables");
   for (LayerWeights& layer : layers_) {
-    for (const auto& norm : {std::optional{layer.input_norm}, std::optional{layer.post_norm}, layer.q_norm, layer.k_norm})
+    const std::optional<torch::Tensor> input_norm = layer.input_norm, post_norm = layer.post_norm;
+    for (const auto& norm : {input_norm, post_norm, layer.q_norm, layer.k_norm})
       TORCH_CHECK(!norm || (norm->is_contiguous() && norm->scalar_type() == cos_.scalar_type()),
                   "norm weights: contiguous, of the compute dtype (cos's)");
     for (LinearWeights* w : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
@@ -154,35 +178,20 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> DecodeLayers::forward(
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == layers && kv_cache.size(3) == kv_heads_ &&
                   kv_cache.size(4) == kBlock * hd && kv_cache.is_contiguous(),
               "kv_cache: contiguous (layers, 2, blocks, kv_heads, 16 * head_dim)");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && residual.sizes() == x.sizes() && residual.is_contiguous() &&
-                  residual.scalar_type() == x.scalar_type(),
-              "x and residual: contiguous (rows, hidden) of one dtype");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16, "x: float32 or bf16");
+  check_step(x, residual, kv_cache, kv_scales, hd,
+             {{positions, "positions"}, {block_tables, "block_tables"}, {context_lens, "context_lens"},
+              {slot_blocks, "slot_blocks"}, {slot_offsets, "slot_offsets"}});
   TORCH_CHECK(cos_.scalar_type() == x.scalar_type(), "cos and sin: of x's dtype");
-  for (const auto& [t, name] : {std::pair{positions, "positions"}, {block_tables, "block_tables"},
-                                {context_lens, "context_lens"}, {slot_blocks, "slot_blocks"},
-                                {slot_offsets, "slot_offsets"}})
-    check_long(t, name);
-  TORCH_CHECK(positions.numel() == rows && slot_blocks.numel() == rows && slot_offsets.numel() == rows &&
-                  context_lens.numel() == rows && block_tables.size(0) == rows,
-              "one position, slot, context length and block table per row");
-  const bool int8 = kv_cache.scalar_type() == torch::kChar;
-  TORCH_CHECK(int8 || kv_cache.scalar_type() == x.scalar_type(), "kv_cache: int8 or of x's dtype");
-  TORCH_CHECK(int8 == kv_scales.has_value(), "an int8 cache needs its scales, a float cache has none");
-  if (int8)
-    TORCH_CHECK(kv_scales->scalar_type() == torch::kFloat && kv_scales->is_contiguous() &&
-                    kv_scales->numel() == kv_cache.numel() / hd,
-                "kv_scales: contiguous float32 (layers, 2, blocks, kv_heads, 16)");
   const auto buffer = [&](int64_t width) { return torch::empty({rows, width}, x.options()); };
   const int64_t width = layers_[0].down.weight.size(1);
   DecodeStep step{x, residual, positions, kv_cache, block_tables, context_lens, slot_blocks, slot_offsets,
                   kv_scales, kernel_rows, buffer((heads_ + 2 * kv_heads_) * hd), buffer(heads_ * hd),
                   buffer(x.size(1)), buffer(2 * width), buffer(width)};
   if (sum_attention)
-    step.received_parts = torch::zeros({rows, kv_heads_, block_tables.size(1) * kBlock}, x.options().dtype(torch::kFloat));
+    step.received_parts = torch::zeros({rows, kv_heads_, block_tables.size(1) * kBlock}, torch::kFloat);
   const auto run = [&](auto t) {
     using T = decltype(t);
-    if (int8)
+    if (kv_cache.scalar_type() == torch::kChar)
       run_layers<T, int8_t>(step);
     else
       run_layers<T, T>(step);

@@ -126,7 +126,8 @@ void rotary_rows(T* x, int64_t rows, int64_t heads, int64_t stride, const int64_
       for (int64_t d = 0; d < half; ++d) {
         const float first = static_cast<float>(v[d]), second = static_cast<float>(v[d + half]);
         v[d] = static_cast<T>(first * static_cast<float>(c[d]) - second * static_cast<float>(s[d]));
-        v[d + half] = static_cast<T>(second * static_cast<float>(c[d + half]) + first * static_cast<float>(s[d + half]));
+        v[d + half] =
+            static_cast<T>(second * static_cast<float>(c[d + half]) + first * static_cast<float>(s[d + half]));
       }
     }
   });

@@ -73,27 +73,28 @@ class ModelRunner:
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         decodes = [item for item in batch if item.num_new_tokens == 1]
-        ids, positions, slots = [], [], []  # slots: the cache position of each new token's KV
+        ids, positions, blocks, offsets = [], [], [], []  # blocks, offsets: where each new token's KV goes
         meta = AttentionMetadata(torch.empty(0), torch.empty(0))
         if any(item.seq.session_id is not None for item in batch):
             meta.importance = ImportanceTracker(self.kv_cache.importance, self.block_size)
         if decodes:
-            self.prepare_decodes(decodes, meta, ids, positions, slots)
+            self.prepare_decodes(decodes, meta, ids, positions)
+            for item in decodes:
+                first = item.seq.num_computed_tokens
+                self.add_slots(item.seq, range(first, first + item.num_input_tokens), blocks, offsets)
         start = meta.num_decode_tokens
         for item in batch[len(decodes) :]:
             seq, count = item.seq, item.num_new_tokens
             first = seq.num_computed_tokens
             ids += seq.token_ids[first : first + count]
             positions += seq.positions[first : first + count]
-            slots += [self.slot_of(seq, index) for index in range(first, first + count)]
+            self.add_slots(seq, range(first, first + count), blocks, offsets)
             block_table = torch.tensor(seq.block_table[: blocks_for(first + count, self.block_size)])
             meta.prefills.append(PrefillChunk(start, start + count, block_table.to(self.device), first))
             start += count
-        # Python's ints, not tensor ops: a batch-1 decode step's metadata took a dozen ops, ~0.1 ms.
-        meta.slot_blocks = torch.tensor([block for block, _ in slots], dtype=torch.long, device=self.device)
-        meta.slot_offsets = torch.tensor(
-            [offset for _, offset in slots], dtype=torch.long, device=self.device
-        )
+        # From Python's ints, not tensor ops: a batch-1 decode step's metadata took a dozen ops, ~50 us.
+        meta.slot_blocks = torch.tensor(blocks, dtype=torch.long, device=self.device)
+        meta.slot_offsets = torch.tensor(offsets, dtype=torch.long, device=self.device)
         if meta.importance is not None:
             meta.importance.start_step(meta.slot_blocks * self.block_size + meta.slot_offsets, meta)
             for first, item in zip(starts_of(decodes), decodes, strict=True):
@@ -102,9 +103,7 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         return input_ids, torch.tensor(positions, dtype=torch.long, device=self.device), meta
 
-    def prepare_decodes(
-        self, items: list[ScheduledSeq], meta: AttentionMetadata, ids: list, positions: list, slots: list
-    ):
+    def prepare_decodes(self, items: list[ScheduledSeq], meta: AttentionMetadata, ids: list, positions: list):
         """Single-token queries, one row each; a draft's tokens are rows too, each seeing the sequence's
         cache up to its own position (the step writes every row's KV before any row attends), so checking
         a draft costs a few more rows of a decode step."""
@@ -117,7 +116,6 @@ class ModelRunner:
             seq, first = item.seq, item.seq.num_computed_tokens
             ids += [seq.token_ids[first], *item.draft_token_ids]
             positions += range(seq.positions[first], seq.positions[first] + item.num_input_tokens)
-        slots += [self.slot_of(seq, index) for seq, index in rows]
         width = max(len(seq.block_table) for seq, _ in rows)
         tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq, _ in rows]
         meta.num_decode_tokens = len(rows)
@@ -127,9 +125,10 @@ class ModelRunner:
             [index + 1 for _, index in rows], dtype=torch.long, device=self.device
         )
 
-    def slot_of(self, seq: Sequence, index: int) -> tuple[int, int]:
-        """The cache block and offset that hold the KV of the sequence's token `index`."""
-        return seq.block_table[index // self.block_size], index % self.block_size
+    def add_slots(self, seq: Sequence, indices: range, blocks: list, offsets: list) -> None:
+        """The cache block and offset that hold the KV of each of the sequence's tokens `indices`."""
+        blocks += [seq.block_table[index // self.block_size] for index in indices]
+        offsets += [index % self.block_size for index in indices]
 
 
 def starts_of(items: list[ScheduledSeq]) -> list[int]:

@@ -60,7 +60,8 @@ void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor layer_cache, torch
 
 // The forms of the operations above that the decode pass calls on the buffers it holds: no tensors made, no
 // arguments checked per call (the tensor forms check theirs and call these).  Rows of q, k, v and
-// [gate | up] are `stride` elements apart, each token's heads contiguous; T is float, bf16 (or half).
+// [gate | up] are `stride` elements apart, each token's heads contiguous; T is float or bf16 here (the
+// tensor forms take half too).
 template <typename T>
 void add_rms_norm_rows(T* x, T* residual, const T* weight, int64_t rows, int64_t size, double eps);
 // Each head of each row normalised in place (Qwen3's q and k norms).

@@ -39,6 +39,11 @@ void dispatch_kv(at::ScalarType compute, const torch::Tensor& cache, const char*
   });
 }
 
+// M(T, C) for each pair of compute type and cache element the decode pass (decode_layers_cpu.cpp) runs:
+// float and bf16 over a cache of their own dtype or int8; the kernels' raw forms are instantiated for these.
+#define KVCHAT_FOR_DECODE_KV_PAIRS(M) \
+  M(float, float) M(float, int8_t) M(c10::BFloat16, c10::BFloat16) M(c10::BFloat16, int8_t)
+
 // The scales of an int8 cache (blocks, kv_heads, block_size), checked against it, or nullptr for a float one.
 inline const float* kv_scales(const torch::Tensor& cache, const std::optional<torch::Tensor>& scales) {
   const bool int8 = cache.scalar_type() == at::kChar;

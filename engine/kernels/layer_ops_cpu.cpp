@@ -164,12 +164,7 @@ template void rotary_rows(c10::BFloat16*, int64_t, int64_t, int64_t, const int64
 #define KVCHAT_WRITE_KV_ROWS(T, C)                                                                         \
   template void write_kv_rows(const T*, const T*, int64_t, int64_t, int64_t, const int64_t*, const int64_t*, \
                               const LayerKv<C>&);
-KVCHAT_WRITE_KV_ROWS(float, float)
-KVCHAT_WRITE_KV_ROWS(float, int8_t)
-KVCHAT_WRITE_KV_ROWS(c10::BFloat16, c10::BFloat16)
-KVCHAT_WRITE_KV_ROWS(c10::BFloat16, int8_t)
-KVCHAT_WRITE_KV_ROWS(c10::Half, c10::Half)
-KVCHAT_WRITE_KV_ROWS(c10::Half, int8_t)
+KVCHAT_FOR_DECODE_KV_PAIRS(KVCHAT_WRITE_KV_ROWS)
 
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   x = x.contiguous();

@@ -331,12 +331,7 @@ void decode_attention_rows(const DecodeProblem& p, int64_t rows, const T* q, con
 
 #define KVCHAT_DECODE_ATTENTION_ROWS(T, C) \
   template void decode_attention_rows(const DecodeProblem&, int64_t, const T*, const C*, const C*, T*, float*);
-KVCHAT_DECODE_ATTENTION_ROWS(float, float)
-KVCHAT_DECODE_ATTENTION_ROWS(float, int8_t)
-KVCHAT_DECODE_ATTENTION_ROWS(c10::BFloat16, c10::BFloat16)
-KVCHAT_DECODE_ATTENTION_ROWS(c10::BFloat16, int8_t)
-KVCHAT_DECODE_ATTENTION_ROWS(c10::Half, c10::Half)
-KVCHAT_DECODE_ATTENTION_ROWS(c10::Half, int8_t)
+KVCHAT_FOR_DECODE_KV_PAIRS(KVCHAT_DECODE_ATTENTION_ROWS)
 
 namespace {
 

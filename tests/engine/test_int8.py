@@ -36,7 +36,7 @@ def products(kernels):
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 11, 64])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_int8_products_match_the_dequantized_weights(rows, dtype):
     generator = torch.Generator().manual_seed(rows)
     for in_features, out_features in [(576, 960), (100, 37), (120, 5)]:  # the tails past whole vectors

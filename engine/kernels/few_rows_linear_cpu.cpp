@@ -161,11 +161,12 @@ torch::Tensor float_rows(const torch::Tensor& x) {
   return converted;
 }
 
-// Rows of x per pass over a work item's weight rows, which stay in L1/L2 while every pass goes over them:
-// six rows' sums (two accumulators each) and a weight pair fill AVX2's 16 vector registers, and each x
-// vector loaded serves one FMA, so the more rows a pass takes, the fewer passes reload the weights.  On the
-// AVX2 kind SmolLM2's products took 5-9 % less than with four rows a pass at 16 and 32 rows (bf16 and
-// int8); seven rows were no better, eight slower.  AVX-512's int8 tiles (two columns, four rows) keep four.
+// Rows of x per pass over a work item's weight rows, which stay in L1/L2 while every pass goes over them.
+// A weight vector loaded serves one FMA per row of the pass, an x vector one, so the more rows a pass
+// takes, the fewer loads per FMA; six rows' sums (two accumulators each) and a weight pair fill AVX2's 16
+// vector registers.  On the AVX2 kind SmolLM2's products took 5-9 % less than with four rows a pass at 16
+// and 32 rows, 22 % less at 5 (bf16 and int8); seven rows were no better, eight slower.  AVX-512's int8
+// tiles (two columns, four rows) keep four.
 template <typename W>
 constexpr int rows_per_pass() {
 #ifdef __AVX512F__

@@ -122,8 +122,10 @@ void columns(const float* x, const W* weight, const float* bias, const float* sc
   for (; c < count; ++c) tile<T, W, ROWS>(x, weight, bias, scale, out, in, out_features, column + c, streamed);
 }
 
-// x in float32, each whole run of 2 * kLanes values in load_pair's order for T: floats as they are.
-template <typename T>
+// x (of type T) in float32, each whole run of 2 * kLanes values in the order load_pair reads the weights
+// (of type W) in: floats as they are, bf16 as even and odd values, int8 in order (its widening keeps the
+// order), here by our loop, where torch's conversion cost ~3 us a call (a decode step makes ~180).
+template <typename T, typename W>
 torch::Tensor paired_rows(const torch::Tensor& x) {
   if constexpr (std::is_same_v<T, float>) return x;
   auto paired = torch::empty(x.sizes(), x.options().dtype(torch::kFloat));
@@ -134,31 +136,18 @@ torch::Tensor paired_rows(const torch::Tensor& x) {
     int64_t k = 0;
     for (; k + 2 * kLanes <= in; k += 2 * kLanes) {
       vfloat first, second;
-      load_pair(source + r * in + k, first, second);
+      if constexpr (std::is_same_v<W, int8_t>) {
+        first = load_lanes(source + r * in + k);
+        second = load_lanes(source + r * in + k + kLanes);
+      } else {
+        load_pair(source + r * in + k, first, second);
+      }
       std::memcpy(target + r * in + k, &first, sizeof(first));
       std::memcpy(target + r * in + k + kLanes, &second, sizeof(second));
     }
     for (; k < in; ++k) target[r * in + k] = static_cast<float>(source[r * in + k]);
   }
   return paired;
-}
-
-// x in float32 in order, for int8 weights, which widen in order: a loop, where torch's conversion cost
-// ~3 us a call (a decode step makes ~180 of them).
-template <typename T>
-torch::Tensor float_rows(const torch::Tensor& x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  auto converted = torch::empty(x.sizes(), x.options().dtype(torch::kFloat));
-  const T* source = x.data_ptr<T>();
-  float* target = converted.data_ptr<float>();
-  const int64_t size = x.numel();
-  int64_t i = 0;
-  for (; i + kLanes <= size; i += kLanes) {
-    const vfloat widened = load_lanes(source + i);
-    std::memcpy(target + i, &widened, sizeof(widened));
-  }
-  for (; i < size; ++i) target[i] = static_cast<float>(source[i]);
-  return converted;
 }
 
 // Rows of x per pass over a work item's weight rows, which stay in L1/L2 while every pass goes over them.
@@ -208,12 +197,12 @@ torch::Tensor few_rows_linear(torch::Tensor x, torch::Tensor weight, std::option
   auto out = torch::empty({x.size(0), weight.size(0)}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "few_rows_linear", [&] {
     if (quantized) {
-      const torch::Tensor x_float = float_rows<scalar_t>(x);
-      linear<scalar_t, int8_t>(x_float.data_ptr<float>(), weight.data_ptr<int8_t>(), data_or_null(bias_float),
+      const torch::Tensor paired = paired_rows<scalar_t, int8_t>(x);
+      linear<scalar_t, int8_t>(paired.data_ptr<float>(), weight.data_ptr<int8_t>(), data_or_null(bias_float),
                                data_or_null(scale_float), out.data_ptr<scalar_t>(), x.size(0), x.size(1),
                                weight.size(0));
     } else {
-      const torch::Tensor paired = paired_rows<scalar_t>(x);
+      const torch::Tensor paired = paired_rows<scalar_t, scalar_t>(x);
       linear<scalar_t, scalar_t>(paired.data_ptr<float>(), weight.data_ptr<scalar_t>(), data_or_null(bias_float),
                                  nullptr, out.data_ptr<scalar_t>(), x.size(0), x.size(1), weight.size(0));
     }

@@ -5,8 +5,10 @@ which equals x @ (q * scale).T up to rounding.
 
 On a CPU a decode step with few rows is bound by reading the weights, so half the bytes of bf16 is up to
 twice the tokens per second for a single chat (engine/kernels/few_rows_linear_cpu.cpp reads the int8 rows
-and widens them in registers); steps of more rows widen packed int8 weights to bf16 a cache-sized piece
-at a time for the CPU's bf16 units (engine/kernels/packed_linear_cpu.cpp).
+and widens them in registers; on AVX2 CPUs it multiplies them with bf16 or float16 x in integers, x held
+in int16 with a power-of-two scale per block, rounding only values 2^8 below their block's largest);
+steps of more rows widen packed int8 weights to bf16 a cache-sized piece at a time for the CPU's bf16
+units (engine/kernels/packed_linear_cpu.cpp).
 """
 
 import torch

@@ -9,8 +9,12 @@
 // x (rows, in) and weight (out, in), contiguous: the same dtype, or int8 weights with a float32 scale per
 // output channel (engine/quantization.py), applied to each finished dot product.  x is converted to
 // float32 once per call, bf16 and int8 weights are widened in registers (load_pair in simd.h), and
-// accumulation is in float32.
+// accumulation is in float32; except for int8 weights with 16-bit x on AVX2, which multiply in integers
+// (int16_linear below).
 #include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
 
 #include "float_args.h"
 #include "kernels.h"
@@ -27,15 +31,20 @@ constexpr int64_t kColumns = 16;  // output columns per work item: a multiple of
 // without these requests, 14.0 and 13.0 with them; float32, whose loop keeps up, did not change.
 constexpr int64_t kPrefetchBytes = 4096, kCacheLine = 64;
 
-// A finished dot product (`sum` over the first `done` terms): the tail past whole vectors, then the
-// weight row's scale and the bias.
+// A finished dot product: the weight row's scale and the bias.
+template <typename T>
+inline void finish(float sum, const float* bias, const float* scale, int64_t column, T* out_row) {
+  if (scale != nullptr) sum *= scale[column];
+  if (bias != nullptr) sum += bias[column];
+  out_row[column] = static_cast<T>(sum);
+}
+
+// A dot product finished after whole vectors (`sum` over the first `done` terms): the tail, then finish.
 template <typename T, typename W>
 inline void store(float sum, const float* x_row, const W* weight_row, int64_t done, int64_t in, const float* bias,
                   const float* scale, int64_t column, T* out_row) {
   for (int64_t k = done; k < in; ++k) sum += x_row[k] * static_cast<float>(weight_row[k]);
-  if (scale != nullptr) sum *= scale[column];
-  if (bias != nullptr) sum += bias[column];
-  out_row[column] = static_cast<T>(sum);
+  finish(sum, bias, scale, column, out_row);
 }
 
 // Dot products of ROWS rows of x with the weight row `column`.  x is in float32, each run of 2 * kLanes
@@ -164,23 +173,172 @@ constexpr int rows_per_pass() {
   return 6;
 }
 
-template <typename T, typename W>
-void linear(const float* x, const W* weight, const float* bias, const float* scale, T* out, int64_t rows,
-            int64_t in, int64_t out_features) {
-  constexpr int kPass = rows_per_pass<W>();
+// Splits the output columns into work items for torch's threads, and each item's rows into passes of up
+// to PASS: run(first row, rows of the pass as a constant, first column, columns, whether the pass is the
+// item's first, which reads its weights from memory).
+template <int PASS, typename Run>
+void for_each_pass(int64_t rows, int64_t out_features, Run run) {
   const int64_t items = (out_features + kColumns - 1) / kColumns;
   at::parallel_for(0, items, 4, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t column = item * kColumns, count = std::min(kColumns, out_features - column);
-      for (int64_t r = 0; r < rows; r += kPass) {
-        with_constant<kPass>(rows - r, [&](auto pass) {
-          columns<T, W, decltype(pass)::value>(x + r * in, weight, bias, scale, out + r * out_features, in,
-                                               out_features, column, count, r == 0);
-        });
-      }
+      for (int64_t r = 0; r < rows; r += PASS)
+        with_constant<PASS>(rows - r, [&](auto pass) { run(r, pass, column, count, r == 0); });
     }
   });
 }
+
+template <typename T, typename W>
+void linear(const float* x, const W* weight, const float* bias, const float* scale, T* out, int64_t rows,
+            int64_t in, int64_t out_features) {
+  for_each_pass<rows_per_pass<W>()>(rows, out_features, [&](int64_t r, auto pass, int64_t column, int64_t count,
+                                                             bool streamed) {
+    columns<T, W, decltype(pass)::value>(x + r * in, weight, bias, scale, out + r * out_features, in,
+                                         out_features, column, count, streamed);
+  });
+}
+
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// int8 weights with bf16 or float16 x, where the CPU has AVX2 and not AVX-512: integer products.  Widening
+// int8 weights to float32 for FMAs ran ~7-9 G weights a second on a Zen 1 core, below what memory delivers;
+// pmaddwd multiplies eight int16 pairs and adds neighbours in one 128-bit instruction, 18.5 G in a loop over
+// weights in L2 (256-bit: 15; Zen 1 splits those in two).  So x is held in int16 with a power-of-two scale
+// per block of kBlock values: a bf16 value is exact there unless it is 2^8 times smaller than its block's
+// largest (float16: 2^5), and then rounds by at most 2^-16 of that largest.  That stays below what the
+// int8 weights' own rounding (up to 2^-8 of a row's largest weight) moves a product unless a block's
+// largest value is ~1,000 times its typical one.  Each block's sums are exact in int32 (|x| <= 2^15,
+// |weight| <= 127, at most 128 products a lane), then added in float32 times the block's scale.  Blocks of
+// 128 values ran one-row products 20 % slower (their ends cost as much as their sums), 512 no faster.
+constexpr int64_t kBlock = 256;
+// Rows of x per pass over a work item's weights, as rows_per_pass: six rows' sums (an int32 chain and a
+// float32 sum each) and the operands fill the 16 registers.
+constexpr int kInt16Pass = 6;
+
+// x in int16, each pass's rows interleaved in groups of eight values (row i's group g of a pass of n rows
+// at g * n * 8 + i * 8, zeros past `in`), so that one pointer with constant offsets reaches every row of
+// a pass: with a pointer per row, six rows spilled the general registers and ran at half the speed.
+struct Int16Rows {
+  torch::Tensor values;  // rows * groups * 8 int16
+  torch::Tensor scales;  // (rows, blocks) float32: a value of block b stands for value * scales[b]
+  int64_t groups;        // of eight values a row: `in` rounded up
+};
+
+inline vfloat absolute(vfloat v) { return (vfloat)((vword)v & 0x7fffffffu); }
+
+// Up to kLanes values of x from `source`, the rest zero.
+template <typename T>
+inline vfloat load_some(const T* source, int64_t count) {
+  if (count == kLanes) return load_lanes(source);
+  T values[kLanes] = {};
+  std::copy(source, source + count, values);
+  return load_lanes(values);
+}
+
+// Eight values times `factor`, rounded to the nearest (even) int16: cvtps2dq, then a saturating pack, so no
+// float, not even NaN, converts out of range.
+inline void round_group(vfloat scaled, int16_t* target) {
+  __m256 lanes;
+  std::memcpy(&lanes, &scaled, sizeof(lanes));
+  const __m256i words = _mm256_cvtps_epi32(lanes);
+  const __m128i packed = _mm_packs_epi32(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(target), packed);
+}
+
+// One row of x: each block's power-of-two scale into `scales`, its values into the row's groups, which lie
+// `stride` int16 apart.
+template <typename T>
+void round_row(const T* source, int64_t in, float* scales, int16_t* target, int64_t stride) {
+  for (int64_t begin = 0; begin < in; begin += kBlock) {
+    const int64_t count = std::min(kBlock, in - begin);
+    vfloat largest = {};
+    for (int64_t k = 0; k < count; k += kLanes) {
+      const vfloat v = absolute(load_some(source + begin + k, std::min(kLanes, count - k)));
+      largest = v > largest ? v : largest;
+    }
+    int exponent = 0;
+    std::frexp(horizontal_max(largest), &exponent);  // the block's values < 2^exponent, so < 2^15 after
+    scales[begin / kBlock] = std::ldexp(1.0f, exponent - 15);
+    const float factor = std::ldexp(1.0f, 15 - exponent);
+    for (int64_t k = 0; k < count; k += kLanes)
+      round_group(load_some(source + begin + k, std::min(kLanes, count - k)) * factor,
+                  target + (begin + k) / kLanes * stride);
+  }
+}
+
+template <typename T>
+Int16Rows int16_rows(const torch::Tensor& x) {
+  const int64_t rows = x.size(0), in = x.size(1), blocks = (in + kBlock - 1) / kBlock;
+  const int64_t groups = (in + kLanes - 1) / kLanes;
+  Int16Rows held{torch::empty({rows * groups * kLanes}, x.options().dtype(torch::kShort)),
+                 torch::empty({rows, blocks}, x.options().dtype(torch::kFloat)), groups};
+  int16_t* values = held.values.data_ptr<int16_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t first = r / kInt16Pass * kInt16Pass, pass_rows = std::min<int64_t>(kInt16Pass, rows - first);
+    int16_t* row = values + first * groups * kLanes + (r - first) * kLanes;
+    round_row(x.data_ptr<T>() + r * in, in, held.scales.data_ptr<float>() + r * blocks, row, pass_rows * kLanes);
+  }
+  return held;
+}
+
+// Dot products of a pass's ROWS rows of x (Int16Rows' layout, from `x`) with the weight row `column`, block
+// by block.  A row's integer sums are exact, so how many chains share them (more where few rows leave
+// pmaddwd's latency exposed) changes no bit; the float sums per block are added in one order for every ROWS.
+template <typename T, int ROWS>
+void tile_int16(const int16_t* x, const float* x_scales, const int8_t* weight, const float* bias,
+                const float* scale, T* out, int64_t in, int64_t out_features, int64_t column, bool streamed) {
+  constexpr int kChains = ROWS == 1 ? 4 : ROWS < 4 ? 2 : 1;
+  const int64_t blocks = (in + kBlock - 1) / kBlock;
+  const int8_t* weight_row = weight + column * in;
+  __m128 sums[ROWS];
+  for (int r = 0; r < ROWS; ++r) sums[r] = _mm_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t end = std::min(in, (b + 1) * kBlock);
+    __m128i chains[ROWS][kChains];
+    for (int r = 0; r < ROWS; ++r)
+      for (int c = 0; c < kChains; ++c) chains[r][c] = _mm_setzero_si128();
+    int64_t k = b * kBlock;
+    for (; k + kLanes * kChains <= end; k += kLanes * kChains) {
+      if (streamed && k % kCacheLine == 0) __builtin_prefetch(weight_row + k + kPrefetchBytes);
+      const int16_t* groups = x + k * ROWS;
+      for (int c = 0; c < kChains; ++c) {
+        const auto* bytes = reinterpret_cast<const __m128i*>(weight_row + k + kLanes * c);
+        const __m128i w = _mm_cvtepi8_epi16(_mm_loadl_epi64(bytes));
+        for (int r = 0; r < ROWS; ++r) {
+          const __m128i xs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(groups + (c * ROWS + r) * kLanes));
+          chains[r][c] = _mm_add_epi32(chains[r][c], _mm_madd_epi16(w, xs));
+        }
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      int32_t tail = 0;
+      for (int64_t j = k; j < end; ++j) tail += x[j / kLanes * ROWS * kLanes + r * kLanes + j % kLanes] * weight_row[j];
+      __m128i block_sum = _mm_cvtsi32_si128(tail);
+      for (int c = 0; c < kChains; ++c) block_sum = _mm_add_epi32(block_sum, chains[r][c]);
+      const __m128 block_scale = _mm_set1_ps(x_scales[r * blocks + b]);
+      sums[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(block_sum), block_scale, sums[r]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    float lanes[4];
+    _mm_storeu_ps(lanes, sums[r]);
+    finish(((lanes[0] + lanes[1]) + lanes[2]) + lanes[3], bias, scale, column, out + r * out_features);
+  }
+}
+
+template <typename T>
+void int16_linear(const Int16Rows& x, const int8_t* weight, const float* bias, const float* scale, T* out,
+                  int64_t in, int64_t out_features) {
+  const int16_t* values = x.values.data_ptr<int16_t>();
+  const float* scales = x.scales.data_ptr<float>();
+  const int64_t rows = x.scales.size(0), blocks = x.scales.size(1);
+  for_each_pass<kInt16Pass>(rows, out_features, [&](int64_t r, auto pass, int64_t column, int64_t count,
+                                                    bool streamed) {
+    for (int64_t c = 0; c < count; ++c)
+      tile_int16<T, decltype(pass)::value>(values + r * x.groups * kLanes, scales + r * blocks, weight, bias,
+                                           scale, out + r * out_features, in, out_features, column + c, streamed);
+  });
+}
+#endif
 
 }  // namespace
 
@@ -196,6 +354,15 @@ torch::Tensor few_rows_linear(torch::Tensor x, torch::Tensor weight, std::option
   const auto bias_float = as_float(bias), scale_float = as_float(scale);
   auto out = torch::empty({x.size(0), weight.size(0)}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "few_rows_linear", [&] {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    if constexpr (sizeof(scalar_t) == 2) {
+      if (quantized) {
+        int16_linear<scalar_t>(int16_rows<scalar_t>(x), weight.data_ptr<int8_t>(), data_or_null(bias_float),
+                               data_or_null(scale_float), out.data_ptr<scalar_t>(), x.size(1), weight.size(0));
+        return;
+      }
+    }
+#endif
     if (quantized) {
       const torch::Tensor paired = paired_rows<scalar_t, int8_t>(x);
       linear<scalar_t, int8_t>(paired.data_ptr<float>(), weight.data_ptr<int8_t>(), data_or_null(bias_float),

@@ -214,6 +214,14 @@ inline float horizontal_sum(V v) {
   return sum;
 }
 
+// The largest of a vector's lanes (NaN lanes aside); V: vfloat or vwide.
+template <typename V>
+inline float horizontal_max(V v) {
+  float largest = -INFINITY;
+  for (size_t i = 0; i < sizeof(V) / sizeof(float); ++i) largest = std::max(largest, v[i]);
+  return largest;
+}
+
 // exp(s - max) in place over s[0:length], and 0 in s[length:padded]; returns the sum, by which the
 // caller divides the few products that need normalised probabilities rather than every probability.
 // In the widest vectors, with four running maxima: one waited on each comparison before the next, and
@@ -235,8 +243,7 @@ inline float softmax_numerators(float* s, int64_t length, int64_t padded) {
     top[0] = v > top[0] ? v : top[0];
   }
   for (int i = 1; i < kMaxima; ++i) top[0] = top[i] > top[0] ? top[i] : top[0];
-  float maximum = -INFINITY;
-  for (int64_t i = 0; i < kWideLanes; ++i) maximum = std::max(maximum, top[0][i]);
+  const float maximum = horizontal_max(top[0]);
   vwide sums = {};
   for (j = 0; j < whole; j += kWideLanes) {
     const vwide e = exp_wide(load_wide(s + j) - maximum);

@@ -55,6 +55,34 @@ def test_int8_products_match_the_dequantized_weights(rows, dtype):
                 )
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_int8_products_of_16_bit_x_round_only_as_the_kernels_int16_blocks_say(dtype):
+    """Where the CPU has AVX2 and not AVX-512, the few-row kernel holds 16-bit x in int16 with a power-of-two
+    scale per block of 256 values: a value 2^8 (bf16; float16: 2^5) times smaller than its block's largest
+    rounds by at most 2^-16 of that largest, the rest are exact.  With outliers 2^10 times the typical value
+    in every block and values 2^-12 of it, the products stay within that bound, float32 accumulation and
+    their output's rounding (8-bit x, say, would not)."""
+    kernels = cpu_kernels()
+    if kernels is None:
+        pytest.skip("no C++ compiler")
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 1100, generator=generator)
+    x[:, ::97] *= 2.0**10
+    x[:, 1::5] *= 2.0**-12
+    x = x.to(dtype)
+    q, scale = quantize_int8(torch.randn(300, 1100, generator=generator))
+    weight = dequantize_int8(q, scale).double()
+    want = F.linear(x.double(), weight)
+    got = kernels.few_rows_linear(x, q, None, scale).double()
+    block_largest = F.pad(x.double().abs(), (0, 1280 - 1100)).view(5, 5, 256).amax(dim=2)
+    weight_sums = F.pad(weight.abs(), (0, 1280 - 1100)).view(300, 5, 256).sum(dim=2)
+    x_rounding = block_largest @ weight_sums.T * 2.0**-16
+    accumulation = x.double().abs() @ weight.abs().T * 2.0**-20
+    ulp = 2.0 ** torch.floor(torch.log2(torch.maximum(want.abs(), got.abs()))) * torch.finfo(dtype).eps
+    assert ((got - want).abs() <= ulp / 2 + x_rounding + accumulation).all()
+    assert (got != want.to(dtype)).any()  # x did round: the outliers make the bound matter
+
+
 def test_the_kernel_refuses_int8_weights_without_their_scales():
     kernels = cpu_kernels()
     if kernels is None:

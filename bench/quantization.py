@@ -1,12 +1,14 @@
 """What int8 weights and the int8 KV cache cost in quality, measured on our engine: perplexity of a fixed
 Chinese text, and greedy agreement with float32 over 70 chat prompts, for each variant side by side.
 
-    .venv/bin/python -m bench.quantization [--model DIR] [--window 1024] [--max-tokens 32]
+    .venv/bin/python -m bench.quantization [--model DIR] [--window 1024] [--max-tokens 32] [--text-tokens N]
 
-Perplexity runs the text through the engine in windows of `--window` tokens (each window a prompt of its
-own, prefix caching off) and scores every next token with the logits of the engine's own hidden states,
-so it measures the engine's arithmetic, kernels included.  Agreement: prompts whose greedy output equals
-float32's, and the share of tokens before the first difference.  Speed is bench.throughput's job
+Perplexity runs the text (its first `--text-tokens`, default all) through the engine in windows of
+`--window` tokens (each window a prompt of its own, prefix caching off, one step each) and scores every
+next token with the logits of the engine's own hidden states, taken step by step as the engine would, so
+it measures the engine's arithmetic, kernels included: a window of at most 64 tokens runs the AVX2 kind's
+few-row kernel, its decode products, on every layer and lm_head.  Agreement: prompts whose greedy output
+equals float32's, and the share of tokens before the first difference.  Speed is bench.throughput's job
 (`--engines ours_int8 ours`).  Results: bench/results/<machine kind>/quantization.json.
 """
 
@@ -72,7 +74,7 @@ def perplexity(llm: LLM, token_ids: list[int], window: int) -> float:
             ids = token_ids[start : start + window]
             hidden.clear()
             llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=1))
-            logits = model.logits(torch.cat(hidden)[: len(ids) - 1]).log_softmax(-1)
+            logits = torch.cat([model.logits(h) for h in hidden])[: len(ids) - 1].log_softmax(-1)
             targets = torch.tensor(ids[1:], device=logits.device)
             total -= logits.gather(1, targets[:, None]).sum().item()
             count += len(ids) - 1
@@ -103,12 +105,15 @@ def main() -> None:
     parser.add_argument("--model", default="")
     parser.add_argument("--window", type=int, default=1024)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--text-tokens", type=int, default=None)
     args = parser.parse_args()
     from engine.default_model import default_model_dir
 
     model = args.model or str(default_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(model)
-    texts = {language: tokenizer.encode(path.read_text()) for language, path in TEXTS.items()}
+    texts = {
+        language: tokenizer.encode(path.read_text())[: args.text_tokens] for language, path in TEXTS.items()
+    }
     prompts = agreement_prompts(tokenizer)
     results, greedy = {}, {}
     for name, options in VARIANTS.items():

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "float_args.h"
 #include "kernels.h"
@@ -219,9 +220,9 @@ constexpr int kInt16Pass = 6;
 // a pass: with a pointer per row, six rows spilled the general registers (12.7 G products a second on a
 // Zen 1 core against 15.7), slower than widening the weights to float.
 struct Int16Rows {
-  torch::Tensor values;  // rows * groups * 8 int16
-  torch::Tensor scales;  // (rows, blocks) float32: a value of block b stands for value * scales[b]
-  int64_t groups;        // of eight values a row: `in` rounded up
+  std::vector<int16_t> values;  // rows * groups * 8
+  std::vector<float> scales;    // (rows, blocks): a value of block b stands for value * scales[b]
+  int64_t rows = 0, groups = 0, blocks = 0;  // groups of eight values a row: `in` rounded up
 };
 
 inline vfloat absolute(vfloat v) { return (vfloat)((vword)v & 0x7fffffffu); }
@@ -266,17 +267,19 @@ void round_row(const T* source, int64_t in, float* scales, int16_t* target, int6
   }
 }
 
+// x's int16 form in buffers the calling thread reuses: a decode step makes ~120 calls, and two tensors
+// allocated for each cost ~1 us a call.
 template <typename T>
-Int16Rows int16_rows(const torch::Tensor& x) {
-  const int64_t rows = x.size(0), in = x.size(1), blocks = (in + kBlock - 1) / kBlock;
-  const int64_t groups = (in + kLanes - 1) / kLanes;
-  Int16Rows held{torch::empty({rows * groups * kLanes}, x.options().dtype(torch::kShort)),
-                 torch::empty({rows, blocks}, x.options().dtype(torch::kFloat)), groups};
-  int16_t* values = held.values.data_ptr<int16_t>();
+const Int16Rows& int16_rows(const torch::Tensor& x) {
+  thread_local Int16Rows held;
+  const int64_t rows = x.size(0), in = x.size(1);
+  held.rows = rows, held.groups = (in + kLanes - 1) / kLanes, held.blocks = (in + kBlock - 1) / kBlock;
+  held.values.resize(rows * held.groups * kLanes);
+  held.scales.resize(rows * held.blocks);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t first = r / kInt16Pass * kInt16Pass, pass_rows = std::min<int64_t>(kInt16Pass, rows - first);
-    int16_t* row = values + first * groups * kLanes + (r - first) * kLanes;
-    round_row(x.data_ptr<T>() + r * in, in, held.scales.data_ptr<float>() + r * blocks, row, pass_rows * kLanes);
+    int16_t* row = held.values.data() + first * held.groups * kLanes + (r - first) * kLanes;
+    round_row(x.data_ptr<T>() + r * in, in, held.scales.data() + r * held.blocks, row, pass_rows * kLanes);
   }
   return held;
 }
@@ -330,10 +333,10 @@ void tile_int16(const int16_t* x, const float* x_scales, const int8_t* weight, c
 template <typename T>
 void int16_linear(const Int16Rows& x, const int8_t* weight, const float* bias, const float* scale, T* out,
                   int64_t in, int64_t out_features) {
-  const int16_t* values = x.values.data_ptr<int16_t>();
-  const float* scales = x.scales.data_ptr<float>();
-  const int64_t rows = x.scales.size(0), blocks = x.scales.size(1);
-  for_each_pass<kInt16Pass>(rows, out_features, [&](int64_t r, auto pass, int64_t column, int64_t count,
+  const int16_t* values = x.values.data();
+  const float* scales = x.scales.data();
+  const int64_t blocks = x.blocks;
+  for_each_pass<kInt16Pass>(x.rows, out_features, [&](int64_t r, auto pass, int64_t column, int64_t count,
                                                     bool streamed) {
     for (int64_t c = 0; c < count; ++c)
       tile_int16<T, decltype(pass)::value>(values + r * x.groups * kLanes, scales + r * blocks, weight, bias,

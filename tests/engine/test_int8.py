@@ -61,7 +61,8 @@ def test_int8_products_of_16_bit_x_round_only_as_the_kernels_int16_blocks_say(dt
     scale per block of 256 values: a value 2^8 (bf16; float16: 2^5) times smaller than its block's largest
     rounds by at most 2^-16 of that largest, the rest are exact.  With outliers 2^10 times the typical value
     in every block and values 2^-12 of it, the products stay within that bound, float32 accumulation and
-    their output's rounding (8-bit x, say, would not)."""
+    their output's rounding (8-bit x, say, would not).  Elsewhere the float path, which rounds less, passes
+    it too."""
     kernels = cpu_kernels()
     if kernels is None:
         pytest.skip("no C++ compiler")
@@ -80,7 +81,6 @@ def test_int8_products_of_16_bit_x_round_only_as_the_kernels_int16_blocks_say(dt
     accumulation = x.double().abs() @ weight.abs().T * 2.0**-20
     ulp = 2.0 ** torch.floor(torch.log2(torch.maximum(want.abs(), got.abs()))) * torch.finfo(dtype).eps
     assert ((got - want).abs() <= ulp / 2 + x_rounding + accumulation).all()
-    assert (got != want.to(dtype)).any()  # x did round: the outliers make the bound matter
 
 
 def test_the_kernel_refuses_int8_weights_without_their_scales():

@@ -207,8 +207,8 @@ void linear(const float* x, const W* weight, const float* bias, const float* sca
 // per block of kBlock values: a bf16 value is exact there unless it is 2^8 times smaller than its block's
 // largest (float16: 2^5), and then rounds by at most 2^-16 of that largest.  That stays below what the
 // int8 weights' own rounding (up to 2^-8 of a row's largest weight) moves a product unless a block's
-// largest value is ~1,000 times its typical one.  Each block's sums are exact in int32 (|x| <= 2^15,
-// |weight| <= 127, at most 128 products a lane), then added in float32 times the block's scale.  Blocks of
+// largest value is ~1,000 times its typical one.  A block's sum is exact in int32 (|x| <= 2^15, |weight| <=
+// 127, 256 products: below 2^30), then added in float32 times the block's scale.  Blocks of
 // 128 values ran one-row products 20 % slower (their ends cost as much as their sums), 512 no faster.
 constexpr int64_t kBlock = 256;
 // Rows of x per pass over a work item's weights, as rows_per_pass: six rows' sums (an int32 chain and a
@@ -284,63 +284,108 @@ const Int16Rows& int16_rows(const torch::Tensor& x) {
   return held;
 }
 
-// Dot products of a pass's ROWS rows of x (Int16Rows' layout, from `x`) with the weight row `column`, block
-// by block.  A row's integer sums are exact, so how many chains share them (more where few rows leave
-// pmaddwd's latency exposed) changes no bit; the float sums per block are added in one order for every ROWS.
-template <typename T, int ROWS>
+// The exact sum of each of COLS int32 vectors' four lanes, vector c's in lane c (lanes past COLS: unused).
+template <int COLS>
+inline __m128i column_sums(const __m128i (&chains)[COLS]) {
+  if constexpr (COLS == 4)
+    return _mm_hadd_epi32(_mm_hadd_epi32(chains[0], chains[1]), _mm_hadd_epi32(chains[2], chains[3]));
+  else if constexpr (COLS == 2) {
+    const __m128i pairs = _mm_hadd_epi32(chains[0], chains[1]);
+    return _mm_hadd_epi32(pairs, pairs);
+  } else {
+    const __m128i pairs = _mm_hadd_epi32(chains[0], chains[0]);
+    return _mm_hadd_epi32(pairs, pairs);
+  }
+}
+
+// Eight int8 weights from `row`, sign-extended to int16.
+inline __m128i weight_group(const int8_t* row) {
+  return _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row)));
+}
+
+// Each row's chains plus the products of its eight x values (`groups`, Int16Rows' layout) with each column's
+// eight weights.
+template <int ROWS, int COLS>
+inline void accumulate(__m128i (&chains)[ROWS][COLS], const int16_t* groups, const __m128i (&w)[COLS]) {
+  for (int r = 0; r < ROWS; ++r) {
+    const __m128i xs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(groups + r * kLanes));
+    for (int c = 0; c < COLS; ++c) chains[r][c] = _mm_add_epi32(chains[r][c], _mm_madd_epi16(w[c], xs));
+  }
+}
+
+// Dot products of a pass's ROWS rows of x (Int16Rows' layout, from `x`) with COLS weight rows from
+// `column`, block by block: one int32 chain per row and column, whose exact block sum (column c's in lane c)
+// is added in float32 times the block's scale, so every dot product takes the same float steps whatever ROWS
+// and COLS.  (This loop in a function of its own, even inlined, ran one-row products 5 % slower.)
+template <typename T, int ROWS, int COLS>
 void tile_int16(const int16_t* x, const float* x_scales, const int8_t* weight, const float* bias,
                 const float* scale, T* out, int64_t in, int64_t out_features, int64_t column, bool streamed) {
-  constexpr int kChains = ROWS == 1 ? 4 : ROWS < 4 ? 2 : 1;
   const int64_t blocks = (in + kBlock - 1) / kBlock;
-  const int8_t* weight_row = weight + column * in;
+  const int8_t* rows_of_weight = weight + column * in;
   __m128 sums[ROWS];
   for (int r = 0; r < ROWS; ++r) sums[r] = _mm_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t end = std::min(in, (b + 1) * kBlock);
-    __m128i chains[ROWS][kChains];
+    __m128i chains[ROWS][COLS];
     for (int r = 0; r < ROWS; ++r)
-      for (int c = 0; c < kChains; ++c) chains[r][c] = _mm_setzero_si128();
+      for (int c = 0; c < COLS; ++c) chains[r][c] = _mm_setzero_si128();
+    const int64_t whole = std::min(end, in / kLanes * kLanes);
+    __m128i w[COLS];
     int64_t k = b * kBlock;
-    for (; k + kLanes * kChains <= end; k += kLanes * kChains) {
-      if (streamed && k % kCacheLine == 0) __builtin_prefetch(weight_row + k + kPrefetchBytes);
-      const int16_t* groups = x + k * ROWS;
-      for (int c = 0; c < kChains; ++c) {
-        const auto* bytes = reinterpret_cast<const __m128i*>(weight_row + k + kLanes * c);
-        const __m128i w = _mm_cvtepi8_epi16(_mm_loadl_epi64(bytes));
-        for (int r = 0; r < ROWS; ++r) {
-          const __m128i xs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(groups + (c * ROWS + r) * kLanes));
-          chains[r][c] = _mm_add_epi32(chains[r][c], _mm_madd_epi16(w, xs));
-        }
+    // Two groups a step: one a step ran one-row products ~20 % slower.  The COLS weight rows, one after
+    // another, are read at one pace: as a single stream COLS times as fast, a line every 64 / (16 * COLS) steps.
+    for (; k + 2 * kLanes <= whole; k += 2 * kLanes) {
+      if (streamed && (COLS >= 4 || k * COLS % kCacheLine == 0))
+        __builtin_prefetch(rows_of_weight + k * COLS + kPrefetchBytes);
+      for (int g = 0; g < 2; ++g) {
+        for (int c = 0; c < COLS; ++c) w[c] = weight_group(rows_of_weight + c * in + k + g * kLanes);
+        accumulate<ROWS, COLS>(chains, x + (k + g * kLanes) * ROWS, w);
       }
     }
+    for (; k < whole; k += kLanes) {
+      for (int c = 0; c < COLS; ++c) w[c] = weight_group(rows_of_weight + c * in + k);
+      accumulate<ROWS, COLS>(chains, x + k * ROWS, w);
+    }
+    if (k < end) {  // the row's last values, fewer than eight (x is zero past them)
+      for (int c = 0; c < COLS; ++c) {
+        int8_t last[kLanes] = {};
+        std::copy(rows_of_weight + c * in + k, rows_of_weight + c * in + end, last);
+        w[c] = weight_group(last);
+      }
+      accumulate<ROWS, COLS>(chains, x + k * ROWS, w);
+    }
     for (int r = 0; r < ROWS; ++r) {
-      int32_t tail = 0;
-      for (int64_t j = k; j < end; ++j)
-        tail += x[j / kLanes * ROWS * kLanes + r * kLanes + j % kLanes] * weight_row[j];
-      __m128i block_sum = _mm_cvtsi32_si128(tail);
-      for (int c = 0; c < kChains; ++c) block_sum = _mm_add_epi32(block_sum, chains[r][c]);
       const __m128 block_scale = _mm_set1_ps(x_scales[r * blocks + b]);
-      sums[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(block_sum), block_scale, sums[r]);
+      sums[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(column_sums<COLS>(chains[r])), block_scale, sums[r]);
     }
   }
   for (int r = 0; r < ROWS; ++r) {
     float lanes[4];
     _mm_storeu_ps(lanes, sums[r]);
-    finish(((lanes[0] + lanes[1]) + lanes[2]) + lanes[3], bias, scale, column, out + r * out_features);
+    for (int c = 0; c < COLS; ++c) finish(lanes[c], bias, scale, column + c, out + r * out_features);
   }
 }
+
+// Columns a tile takes at once: at one row, four share x's loads and the block ends; at two or three, two
+// keep four to six chains going (pmaddwd's latency); from four rows, the rows do.
+template <int ROWS>
+constexpr int int16_columns() { return ROWS == 1 ? 4 : ROWS < 4 ? 2 : 1; }
 
 template <typename T>
 void int16_linear(const Int16Rows& x, const int8_t* weight, const float* bias, const float* scale, T* out,
                   int64_t in, int64_t out_features) {
-  const int16_t* values = x.values.data();
-  const float* scales = x.scales.data();
-  const int64_t blocks = x.blocks;
   for_each_pass<kInt16Pass>(x.rows, out_features, [&](int64_t r, auto pass, int64_t column, int64_t count,
                                                     bool streamed) {
-    for (int64_t c = 0; c < count; ++c)
-      tile_int16<T, decltype(pass)::value>(values + r * x.groups * kLanes, scales + r * blocks, weight, bias,
-                                           scale, out + r * out_features, in, out_features, column + c, streamed);
+    constexpr int ROWS = decltype(pass)::value, COLS = int16_columns<ROWS>();
+    const int16_t* rows = x.values.data() + r * x.groups * kLanes;
+    const float* scales = x.scales.data() + r * x.blocks;
+    int64_t c = 0;
+    for (; c + COLS <= count; c += COLS)
+      tile_int16<T, ROWS, COLS>(rows, scales, weight, bias, scale, out + r * out_features, in, out_features,
+                                column + c, streamed);
+    for (; c < count; ++c)
+      tile_int16<T, ROWS, 1>(rows, scales, weight, bias, scale, out + r * out_features, in, out_features,
+                             column + c, streamed);
   });
 }
 #endif

@@ -7,10 +7,12 @@ are.  Slots are read and written in their stored form, so compressing, saving an
 never rounds its KV a second time.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
 
+from engine.huge_pages import zeros_on_huge_pages
 from engine.models.decoder import ModelShape
 
 
@@ -33,6 +35,16 @@ class SlotsKv:
         return SlotsKv(copy(self.keys), copy(self.values), copy(self.scales), copy(self.importance))
 
 
+def pool_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The pool's tensor; on the CPU on huge pages (engine/huge_pages.py), where a decode step's attention
+    reads each block of a layer from its own 4 KiB page otherwise: SmolLM2's batch-1 decode at 3,000 tokens
+    of context ran 1.04x as fast so (1.02x at 1,000, 1.01x at 142; bf16, two engines interleaved in one
+    process, 2-core AVX2 kind)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return zeros_on_huge_pages(math.prod(shape) * dtype.itemsize).view(dtype).view(shape)
+
+
 class KvCache:
     def __init__(self, shape: ModelShape, blocks: int, block_size: int, dtype: torch.dtype, device):
         """`dtype`: the compute dtype, or torch.int8 for the 8-bit cache."""
@@ -40,7 +52,7 @@ class KvCache:
         layers, kv_heads = shape.num_layers, shape.num_kv_heads
         # (layers, keys/values, blocks, kv_heads, block_size * head_dim); see layers/attention.py.
         width = block_size * shape.head_dim
-        self.tensor = torch.zeros(layers, 2, blocks, kv_heads, width, dtype=dtype, device=device)
+        self.tensor = pool_zeros((layers, 2, blocks, kv_heads, width), dtype, torch.device(device))
         self.scales = None  # int8: (layers, keys/values, blocks, kv_heads, block_size) float32
         if dtype == torch.int8:
             self.scales = torch.zeros(layers, 2, blocks, kv_heads, block_size, device=device)

@@ -31,6 +31,9 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <thread>
 #include <vector>
 
 #include "kernels.h"
@@ -42,7 +45,10 @@ namespace kvchat {
 namespace {
 
 constexpr int64_t kVectors = kBlock / kWideLanes;
-constexpr int kPassVectors = 4;  // vectors of head_dim one p.v pass over a block accumulates in registers
+// Vectors of head_dim one p.v pass over a block accumulates in registers: up to 4, fewer where GROUP
+// accumulators for each, the values and a weight would not fit in the registers (AVX2 has 16; GROUP 3 with 4
+// spilled two accumulators, and each token waited on a store and a load).
+constexpr int pass_vectors(int group) { return std::min(4, ((kWideLanes == kLanes ? 16 : 32) - 1) / (group + 1)); }
 constexpr int64_t kLine = 64;  // bytes per cache line
 constexpr int kChainsBf16 = 2;  // q.k's accumulators a query head with the bf16 products: GROUP is 1-8
 // A float cache's scales: multiplying by 1 is exact, so one code path serves both kinds of cache.
@@ -68,12 +74,12 @@ inline void fetch_to_l2(const C* start, int64_t elements) {
     __builtin_prefetch(bytes + offset, 0, 2);  // locality 2: prefetcht1, into L2
 }
 
-// Before block b of a sequence's `blocks` is computed: the one kAheadBlocks on (at the first, all of those
-// up to it).
+// Before block b of a sequence's `blocks` is computed: the one kAheadBlocks on (at `start`, the first a
+// thread computes in a row, all of those up to it).
 template <typename C>
 inline void fetch_ahead(const C* cache, const DecodeProblem& p, const int64_t* table, int64_t kv_head, int64_t b,
-                        int64_t blocks) {
-  for (int64_t next = b == 0 ? 1 : kAheadBlocks; next <= kAheadBlocks && b + next < blocks; ++next)
+                        int64_t start, int64_t blocks) {
+  for (int64_t next = b == start ? 1 : kAheadBlocks; next <= kAheadBlocks && b + next < blocks; ++next)
     fetch_to_l2(head_block(cache, p, table[b + next], kv_head), p.head_dim * kBlock);
 }
 
@@ -114,7 +120,8 @@ void pv_block(const float* probabilities, int64_t padded, const C* values, const
     vwide row[VECTORS];
     for (int v = 0; v < VECTORS; ++v) row[v] = load_wide(values + t * head_dim + d0 + v * kWideLanes);
     for (int g = 0; g < GROUP; ++g) {
-      const float weight = probabilities[g * padded + first + t] * value_scales[t];
+      float weight = probabilities[g * padded + first + t];
+      if constexpr (std::is_same_v<C, int8_t>) weight *= value_scales[t];
       for (int v = 0; v < VECTORS; ++v) acc[g][v] += weight * row[v];
     }
   }
@@ -122,31 +129,33 @@ void pv_block(const float* probabilities, int64_t padded, const C* values, const
     for (int v = 0; v < VECTORS; ++v) store(sums + g * head_dim + d0 + v * kWideLanes, acc[g][v]);
 }
 
-// One row's part of an item: its scaled query, its p.v sums and its scores (probabilities), in the item's
-// buffer.  The rows of an item share its sequence's blocks, each with its own length.
+// The unit of work threads share: a span of kSpanBlocks blocks of an item's context.  A row's p.v sums
+// are taken span by span, each from zero, and added in span order, so its bits do not depend on how many
+// threads shared its spans: one sequence's three KV heads on two cores, or 32 sequences.
+constexpr int64_t kSpanBlocks = kAheadBlocks;
+constexpr int64_t kSpanTokens = kSpanBlocks * kBlock;
+
+inline int64_t spans_of(int64_t length) { return (length + kSpanTokens - 1) / kSpanTokens; }
+
+// One row's part of an item: its scaled query (the computing thread's), and in the item's memory its scores
+// (probabilities once normalised) and each span's p.v sums.  The rows of an item share its sequence's
+// blocks, each with its own length.
 struct Row {
   int64_t index, length;
-  float *query, *sums, *scores;
+  float *query, *scores, *span_sums;  // span_sums: (spans, GROUP, head_dim)
   const c10::BFloat16* bf16_query;     // the bf16 products' query, as it is
   c10::BFloat16* bf16_probabilities;  // the bf16 products' probabilities (GROUP, padded)
 };
 
-// Up to kItemRows rows of one sequence (a step checking a draft has a row for its last token and one per
-// draft token) and one KV head: each block is read from memory once for all of them, and each row computes
-// what it would alone, in the same order, so a drafted step's rows keep the bits of the step without drafts.
-constexpr int64_t kItemRows = 4;
-struct Item {
-  int64_t first_row, rows, kv_head;
-};
-
-// Every row's scores over its context, the blocks in order, later ones fetched while one is computed.
+// Every row's scores over the span's blocks, in order, later ones fetched while one is computed.
 template <typename T, typename C, int GROUP>
 void qk(const DecodeProblem& p, const C* k_cache, const int64_t* table, int64_t kv_head, Row* rows, int64_t count,
-        int64_t padded) {
-  const int64_t blocks = padded / kBlock;
-  for (int64_t first = 0, b = 0; first < rows[count - 1].length; first += kBlock, ++b) {
+        int64_t padded, int64_t span) {
+  const int64_t blocks = padded / kBlock, start = span * kSpanBlocks;
+  for (int64_t b = start; b < std::min(blocks, start + kSpanBlocks); ++b) {
+    const int64_t first = b * kBlock;
     const C* keys = head_block(k_cache, p, table[b], kv_head);
-    fetch_ahead(k_cache, p, table, kv_head, b, blocks);
+    fetch_ahead(k_cache, p, table, kv_head, b, start, blocks);
     const float* key_scales = block_scales(p.k_scales, p, table[b], kv_head);
     for (int64_t r = 0; r < count; ++r) {
       if (first >= rows[r].length) continue;
@@ -161,23 +170,28 @@ void qk(const DecodeProblem& p, const C* k_cache, const int64_t* table, int64_t 
   }
 }
 
-// Every row's sums[g][0:head_dim] = probabilities[g] . values.  Up to kPassVectors vectors of head_dim per
-// pass over a block: GROUP * kPassVectors chains of FMAs, enough to hide their latency.
+// Every row's span sums[g][0:head_dim] = probabilities[g] . values over the span, pass_vectors(GROUP) vectors
+// of head_dim per pass over a block: GROUP times as many chains of FMAs, enough to hide their latency.
 template <typename C, int GROUP>
 void pv(const DecodeProblem& p, const C* v_cache, const int64_t* table, int64_t kv_head, Row* rows, int64_t count,
-        int64_t padded) {
-  const int64_t blocks = padded / kBlock;
-  for (int64_t r = 0; r < count; ++r) std::fill(rows[r].sums, rows[r].sums + GROUP * p.head_dim, 0.0f);
-  for (int64_t first = 0, b = 0; first < rows[count - 1].length; first += kBlock, ++b) {
+        int64_t padded, int64_t span) {
+  const int64_t blocks = padded / kBlock, start = span * kSpanBlocks;
+  for (int64_t r = 0; r < count; ++r) {
+    float* sums = rows[r].span_sums + span * GROUP * p.head_dim;
+    std::fill(sums, sums + GROUP * p.head_dim, 0.0f);
+  }
+  for (int64_t b = start; b < std::min(blocks, start + kSpanBlocks); ++b) {
+    const int64_t first = b * kBlock;
     const C* values = head_block(v_cache, p, table[b], kv_head);
-    fetch_ahead(v_cache, p, table, kv_head, b, blocks);
+    fetch_ahead(v_cache, p, table, kv_head, b, start, blocks);
     const float* value_scales = block_scales(p.v_scales, p, table[b], kv_head);
     for (int64_t r = 0; r < count; ++r) {
       const int64_t tokens = std::min(kBlock, rows[r].length - first);
-      for (int64_t d0 = 0; tokens > 0 && d0 < p.head_dim; d0 += kPassVectors * kWideLanes) {
-        with_constant<kPassVectors>((p.head_dim - d0) / kWideLanes, [&](auto vectors) {
+      float* sums = rows[r].span_sums + span * GROUP * p.head_dim;
+      for (int64_t d0 = 0; tokens > 0 && d0 < p.head_dim; d0 += pass_vectors(GROUP) * kWideLanes) {
+        with_constant<pass_vectors(GROUP)>((p.head_dim - d0) / kWideLanes, [&](auto vectors) {
           pv_block<C, GROUP, decltype(vectors)::value>(rows[r].scores, padded, values, value_scales, first, tokens,
-                                                       p.head_dim, d0, rows[r].sums);
+                                                       p.head_dim, d0, sums);
         });
       }
     }
@@ -185,27 +199,28 @@ void pv(const DecodeProblem& p, const C* v_cache, const int64_t* table, int64_t 
 }
 
 #ifdef __AVX512BF16__
-// pv with the bf16 products: 32 elements of head_dim per pass over a span of kAheadBlocks blocks, whose next
-// span is fetched while one is computed.
+// pv with the bf16 products: 32 elements of head_dim per pass over the span, whose next span is fetched
+// while this one is computed.
 template <int GROUP>
 void pv_bf16(const DecodeProblem& p, const c10::BFloat16* v_cache, const int64_t* table, int64_t kv_head, Row* rows,
-             int64_t count, int64_t padded) {
-  constexpr int64_t kSpanBlocks = kAheadBlocks, kWidth = 32;
-  const int64_t longest = rows[count - 1].length, blocks = padded / kBlock;
-  for (int64_t r = 0; r < count; ++r) std::fill(rows[r].sums, rows[r].sums + GROUP * p.head_dim, 0.0f);
-  const c10::BFloat16* span[kSpanBlocks];
-  for (int64_t start = 0; start < longest; start += kSpanBlocks * kBlock) {
-    const int64_t first_block = start / kBlock, span_blocks = std::min(kSpanBlocks, blocks - first_block);
-    for (int64_t b = first_block + span_blocks; b < std::min(blocks, first_block + 2 * kSpanBlocks); ++b)
-      fetch_to_l2(head_block(v_cache, p, table[b], kv_head), p.head_dim * kBlock);
-    for (int64_t d0 = 0; d0 < p.head_dim; d0 += kWidth) {
-      for (int64_t i = 0; i < span_blocks; ++i)
-        span[i] = head_block(v_cache, p, table[first_block + i], kv_head) + d0;
-      for (int64_t r = 0; r < count; ++r) {
-        const int64_t tokens = std::min(kSpanBlocks * kBlock, rows[r].length - start);
-        const c10::BFloat16* probabilities = rows[r].bf16_probabilities + start;
-        if (tokens > 0) pv_span_bf16<GROUP>(probabilities, padded, span, p.head_dim, tokens, rows[r].sums + d0);
-      }
+             int64_t count, int64_t padded, int64_t span) {
+  constexpr int64_t kWidth = 32;
+  const int64_t blocks = padded / kBlock, first_block = span * kSpanBlocks, start = span * kSpanTokens;
+  const int64_t span_blocks = std::min(kSpanBlocks, blocks - first_block);
+  for (int64_t b = first_block + span_blocks; b < std::min(blocks, first_block + 2 * kSpanBlocks); ++b)
+    fetch_to_l2(head_block(v_cache, p, table[b], kv_head), p.head_dim * kBlock);
+  for (int64_t r = 0; r < count; ++r) {
+    float* sums = rows[r].span_sums + span * GROUP * p.head_dim;
+    std::fill(sums, sums + GROUP * p.head_dim, 0.0f);
+  }
+  const c10::BFloat16* values[kSpanBlocks];
+  for (int64_t d0 = 0; d0 < p.head_dim; d0 += kWidth) {
+    for (int64_t i = 0; i < span_blocks; ++i) values[i] = head_block(v_cache, p, table[first_block + i], kv_head) + d0;
+    for (int64_t r = 0; r < count; ++r) {
+      const int64_t tokens = std::min(kSpanTokens, rows[r].length - start);
+      const c10::BFloat16* probabilities = rows[r].bf16_probabilities + start;
+      float* sums = rows[r].span_sums + span * GROUP * p.head_dim + d0;
+      if (tokens > 0) pv_span_bf16<GROUP>(probabilities, padded, values, p.head_dim, tokens, sums);
     }
   }
 }
@@ -229,43 +244,26 @@ void normalise(const DecodeProblem& p, const Row& row, int64_t padded, float* re
   }
 }
 
-// received_parts, if not null: a (rows, kv_heads, max_context) row per row and KV head to add to.
-template <typename T, typename C, int GROUP>
-void attend(const DecodeProblem& p, const T* q, const C* k_cache, const C* v_cache, const Item& item,
-            std::vector<float>& buffer, T* out, float* received_parts) {
-  const int64_t hd = p.head_dim, longest = p.lens[item.first_row + item.rows - 1];
-  const int64_t padded = (longest + kBlock - 1) / kBlock * kBlock;
-  const int64_t per_row = GROUP * (2 * hd + padded + padded / 2);  // queries, sums, scores, bf16 probabilities
-  buffer.resize(item.rows * per_row);
-  Row rows[kItemRows];
-  for (int64_t r = 0; r < item.rows; ++r) {
-    const int64_t index = item.first_row + r;
-    float* start = buffer.data() + r * per_row;
-    const T* q_rows = q + index * p.q_stride + item.kv_head * GROUP * hd;
-    rows[r] = {index, p.lens[index], start, start + GROUP * hd, start + 2 * GROUP * hd, nullptr,
-               reinterpret_cast<c10::BFloat16*>(start + GROUP * (2 * hd + padded))};
-    if constexpr (kDotBf16<T, C>)
-      rows[r].bf16_query = q_rows;
-    else
-      for (int64_t i = 0; i < GROUP * hd; ++i) rows[r].query[i] = static_cast<float>(q_rows[i]) * p.scale;
-  }
-  const int64_t* table = p.tables + item.first_row * p.max_blocks;
-  qk<T, C, GROUP>(p, k_cache, table, item.kv_head, rows, item.rows, padded);
-  for (int64_t r = 0; r < item.rows; ++r) {
-    const int64_t part = rows[r].index * p.kv_heads + item.kv_head;
-    float* received = received_parts != nullptr ? received_parts + part * p.max_context : nullptr;
-    normalise<T, C, GROUP>(p, rows[r], padded, received);
-  }
-#ifdef __AVX512BF16__
-  if constexpr (kDotBf16<T, C>)
-    pv_bf16<GROUP>(p, v_cache, table, item.kv_head, rows, item.rows, padded);
-  else
-#endif
-    pv<C, GROUP>(p, v_cache, table, item.kv_head, rows, item.rows, padded);
-  for (int64_t r = 0; r < item.rows; ++r) {
-    T* o = out + (rows[r].index * p.heads + item.kv_head * GROUP) * hd;
-    for (int64_t i = 0; i < GROUP * hd; ++i) o[i] = static_cast<T>(rows[r].sums[i]);
-  }
+// Up to kItemRows rows of one sequence (a step checking a draft has a row for its last token and one per
+// draft token) and one KV head: each block is read from memory once for all of them, and each row computes
+// what it would alone, in the same order, so a drafted step's rows keep the bits of the step without drafts.
+constexpr int64_t kItemRows = 4;
+struct Item {
+  int64_t first_row, rows, kv_head;
+  int64_t padded, spans, first_unit;  // context padded to whole blocks; its spans, numbered from first_unit
+  float* memory;  // where threads share it: the rows' scores, bf16 probabilities and span sums
+};
+
+// Where threads share an item's spans: its spans whose q.k / p.v is still to compute, and whether its rows'
+// probabilities are ready for p.v (the thread that computes the last q.k span normalises them).
+struct Progress {
+  std::atomic<int64_t> qk_left, pv_left;
+  std::atomic<bool> normalised;
+};
+
+// The floats of an item's memory: its rows' scores, bf16 probabilities and span sums.
+inline int64_t memory_floats(const Item& item, int64_t group, int64_t head_dim) {
+  return item.rows * group * (item.padded + item.padded / 2 + item.spans * head_dim);
 }
 
 // Work items: runs of consecutive rows with the same block table, by kItemRows, in rows of nondecreasing
@@ -278,23 +276,37 @@ std::vector<Item> items_of(const DecodeProblem& p, int64_t rows) {
     while (row + count < rows && count < kItemRows && p.lens[row + count] >= p.lens[row + count - 1] &&
            std::equal(table, table + p.max_blocks, table + count * p.max_blocks))
       ++count;
-    for (int64_t kv_head = 0; kv_head < p.kv_heads; ++kv_head) items.push_back({row, count, kv_head});
+    const int64_t longest = p.lens[row + count - 1], padded = (longest + kBlock - 1) / kBlock * kBlock;
+    for (int64_t kv_head = 0; kv_head < p.kv_heads; ++kv_head) {
+      const int64_t first_unit = items.empty() ? 0 : items.back().first_unit + items.back().spans;
+      items.push_back({row, count, kv_head, padded, spans_of(longest), first_unit, nullptr});
+    }
     row += count;
   }
   return items;
 }
 
-// Where each thread's contiguous run of items starts (and the last ends), cut where the items' work is
-// about equal: a row costs its tokens of context and a block's worth more.  A step's sequences differ in
-// length by tens of times, and an even split by count kept one thread waiting for the other: OpenMP's
-// wait took 18.6 % of the samples of 32-sequence decode steps (40-728 tokens of prompt).
-std::vector<int64_t> balanced_cuts(const DecodeProblem& p, const std::vector<Item>& items, int64_t threads) {
-  std::vector<int64_t> work(items.size() + 1, 0);  // work[i]: the items before i
-  for (size_t i = 0; i < items.size(); ++i) {
-    work[i + 1] = work[i];
-    for (int64_t r = 0; r < items[i].rows; ++r) work[i + 1] += p.lens[items[i].first_row + r] + kBlock;
-  }
-  std::vector<int64_t> cuts(threads + 1, static_cast<int64_t>(items.size()));
+// Each unit's work (a row costs its tokens in the span, and a block's worth more), summed: work[u] is the
+// units' before u, one unit a span of an item, the items' spans in turn.
+std::vector<int64_t> unit_work(const DecodeProblem& p, const std::vector<Item>& items) {
+  std::vector<int64_t> work{0};
+  for (const Item& item : items)
+    for (int64_t span = 0; span < item.spans; ++span) {
+      int64_t cost = kBlock;
+      for (int64_t r = 0; r < item.rows; ++r)
+        cost += std::clamp(p.lens[item.first_row + r] - span * kSpanTokens, int64_t{0}, kSpanTokens);
+      work.push_back(work.back() + cost);
+    }
+  return work;
+}
+
+// Where each thread's contiguous run of units starts (and the last ends), cut where their work is about
+// equal.  A step's sequences differ in length by tens of times, and an even split by count kept one thread
+// waiting for the other: OpenMP's wait took 18.6 % of the samples of 32-sequence decode steps (40-728 tokens
+// of prompt).  Whole items alone left one sequence's three KV heads on two cores one thread's work apart.
+std::vector<int64_t> balanced_cuts(const std::vector<int64_t>& work, int64_t threads) {
+  const int64_t units = static_cast<int64_t>(work.size()) - 1;
+  std::vector<int64_t> cuts(threads + 1, units);
   cuts[0] = 0;
   for (int64_t t = 1; t < threads; ++t) {
     const int64_t target = work.back() * t / threads;
@@ -305,18 +317,153 @@ std::vector<int64_t> balanced_cuts(const DecodeProblem& p, const std::vector<Ite
   return cuts;
 }
 
+// Spins until another thread sets `flag`, yielding the core now and then in case that thread needs it.
+inline void wait_for(const std::atomic<bool>& flag) {
+  for (int64_t spins = 1; !flag.load(std::memory_order_acquire); ++spins)
+    if (spins % 1024 == 0) std::this_thread::yield();
+}
+
+// One call's attention: its items, whose spans threads take in contiguous runs.
+template <typename T, typename C, int GROUP>
+struct Attention {
+  const DecodeProblem& p;
+  const T* q;
+  const C *k_cache, *v_cache;
+  T* out;
+  float* received_parts;  // if not null: a (rows, kv_heads, max_context) row per row and KV head to add to
+  const std::vector<Item>& items;
+  std::vector<Progress>& progress;
+
+  // A thread's units [first, last): the q.k of items it shares with others first and their p.v last, so
+  // that the thread that normalises an item seldom keeps another waiting; the items it has alone between.
+  [[gnu::flatten]] void run(int64_t first, int64_t last) const {
+    std::vector<float> queries, memory;  // memory: of the items the thread has alone, one at a time
+    Row rows[kItemRows];
+    std::vector<std::array<int64_t, 3>> shared;  // item, first span, end span
+    for (size_t i = 0; i < items.size(); ++i) {
+      const Item& item = items[i];
+      const int64_t begin = std::max(first, item.first_unit), end = std::min(last, item.first_unit + item.spans);
+      if (begin < end && end - begin < item.spans)
+        shared.push_back({static_cast<int64_t>(i), begin - item.first_unit, end - item.first_unit});
+    }
+    for (const auto [i, begin, end] : shared) {
+      rows_of(items[i], items[i].memory, queries, rows);
+      qk_spans(items[i], rows, begin, end);
+      if (progress[i].qk_left.fetch_sub(end - begin, std::memory_order_acq_rel) == end - begin) {
+        normalise_all(items[i], rows);
+        progress[i].normalised.store(true, std::memory_order_release);
+      }
+    }
+    for (const Item& item : items)
+      if (item.first_unit >= first && item.first_unit + item.spans <= last) whole(item, memory, queries, rows);
+    for (const auto [i, begin, end] : shared) {
+      wait_for(progress[i].normalised);
+      rows_of(items[i], items[i].memory, queries, rows);
+      pv_spans(items[i], rows, begin, end);
+      if (progress[i].pv_left.fetch_sub(end - begin, std::memory_order_acq_rel) == end - begin)
+        write_out(items[i], rows);
+    }
+  }
+
+  void whole(const Item& item, std::vector<float>& memory, std::vector<float>& queries, Row* rows) const {
+    memory.resize(memory_floats(item, GROUP, p.head_dim));
+    rows_of(item, memory.data(), queries, rows);
+    qk_spans(item, rows, 0, item.spans);
+    normalise_all(item, rows);
+    pv_spans(item, rows, 0, item.spans);
+    write_out(item, rows);
+  }
+
+  void qk_spans(const Item& item, Row* rows, int64_t begin, int64_t end) const {
+    for (int64_t span = begin; span < end; ++span)
+      qk<T, C, GROUP>(p, k_cache, table(item), item.kv_head, rows, item.rows, item.padded, span);
+  }
+
+  const int64_t* table(const Item& item) const { return p.tables + item.first_row * p.max_blocks; }
+
+  // The item's rows: scores, bf16 probabilities and span sums in `memory`, scaled queries in `queries`.
+  void rows_of(const Item& item, float* memory, std::vector<float>& queries, Row* rows) const {
+    const int64_t hd = p.head_dim, per_row = GROUP * (item.padded + item.padded / 2);
+    queries.resize(item.rows * GROUP * hd);
+    for (int64_t r = 0; r < item.rows; ++r) {
+      const int64_t index = item.first_row + r;
+      float* scores = memory + r * per_row;
+      float* span_sums = memory + item.rows * per_row + r * item.spans * GROUP * hd;
+      rows[r] = {index, p.lens[index], queries.data() + r * GROUP * hd, scores, span_sums, nullptr,
+                 reinterpret_cast<c10::BFloat16*>(scores + GROUP * item.padded)};
+      const T* q_rows = q + index * p.q_stride + item.kv_head * GROUP * hd;
+      if constexpr (kDotBf16<T, C>)
+        rows[r].bf16_query = q_rows;
+      else
+        for (int64_t i = 0; i < GROUP * hd; ++i) rows[r].query[i] = static_cast<float>(q_rows[i]) * p.scale;
+    }
+  }
+
+  void normalise_all(const Item& item, const Row* rows) const {
+    for (int64_t r = 0; r < item.rows; ++r) {
+      const int64_t part = rows[r].index * p.kv_heads + item.kv_head;
+      normalise<T, C, GROUP>(p, rows[r], item.padded,
+                             received_parts != nullptr ? received_parts + part * p.max_context : nullptr);
+    }
+  }
+
+  void pv_spans(const Item& item, Row* rows, int64_t begin, int64_t end) const {
+    for (int64_t span = begin; span < end; ++span) {
+#ifdef __AVX512BF16__
+      if constexpr (kDotBf16<T, C>) {
+        pv_bf16<GROUP>(p, v_cache, table(item), item.kv_head, rows, item.rows, item.padded, span);
+        continue;
+      }
+#endif
+      pv<C, GROUP>(p, v_cache, table(item), item.kv_head, rows, item.rows, item.padded, span);
+    }
+  }
+
+  // Each row's output: its spans' sums added in span order.
+  void write_out(const Item& item, const Row* rows) const {
+    const int64_t size = GROUP * p.head_dim;
+    for (int64_t r = 0; r < item.rows; ++r) {
+      float* sums = rows[r].span_sums;
+      for (int64_t span = 1; span < spans_of(rows[r].length); ++span)
+        for (int64_t i = 0; i < size; ++i) sums[i] += sums[span * size + i];
+      T* o = out + (rows[r].index * p.heads + item.kv_head * GROUP) * p.head_dim;
+      for (int64_t i = 0; i < size; ++i) o[i] = static_cast<T>(sums[i]);
+    }
+  }
+};
+
+// Memory in `shared` for each item a cut falls inside of (the others' is their thread's own).
+void share_memory(std::vector<Item>& items, const std::vector<int64_t>& cuts, int64_t group, int64_t head_dim,
+                  std::vector<float>& shared) {
+  std::vector<std::pair<Item*, int64_t>> offsets;  // item, its first float
+  int64_t floats = 0;
+  for (Item& item : items) {
+    const auto inside = [&](int64_t cut) { return cut > item.first_unit && cut < item.first_unit + item.spans; };
+    if (std::none_of(cuts.begin(), cuts.end(), inside)) continue;
+    offsets.push_back({&item, floats});
+    floats += memory_floats(item, group, head_dim);
+  }
+  shared.resize(std::max<size_t>(shared.size(), floats));
+  for (const auto& [item, offset] : offsets) item->memory = shared.data() + offset;
+}
+
 template <typename T, typename C, int GROUP>
 void attend_all(const DecodeProblem& p, int64_t rows, const T* q, const C* k_cache, const C* v_cache, T* out,
                 float* received_parts) {
-  const std::vector<Item> items = items_of(p, rows);
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(items.size()));
-  const std::vector<int64_t> cuts = balanced_cuts(p, items, threads);
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buffer;
-    // Each row and KV head adds to a row of its own, summed over heads afterwards: no two threads share one.
-    for (int64_t i = cuts[begin]; i < cuts[end]; ++i)
-      attend<T, C, GROUP>(p, q, k_cache, v_cache, items[i], buffer, out, received_parts);
-  });
+  std::vector<Item> items = items_of(p, rows);
+  const std::vector<int64_t> work = unit_work(p, items);
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(work.size()) - 1);
+  const std::vector<int64_t> cuts = balanced_cuts(work, threads);
+  // The calling thread's, kept between calls: fresh pages for it each call cost more than batch-1 attention.
+  thread_local std::vector<float> shared_memory;
+  share_memory(items, cuts, GROUP, p.head_dim, shared_memory);
+  std::vector<Progress> progress(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    progress[i].qk_left = progress[i].pv_left = items[i].spans;
+    progress[i].normalised = false;
+  }
+  const Attention<T, C, GROUP> attention{p, q, k_cache, v_cache, out, received_parts, items, progress};
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) { attention.run(cuts[begin], cuts[end]); });
 }
 
 }  // namespace

@@ -93,7 +93,7 @@ def plain_attention(q, cache: LayerCache, meta):
 def test_decode_paths_match_plain_attention(heads, kv_heads, head_dim, dtype, kv_cache_dtype):
     kernels = cpu_kernels()
     assert kernels is not None, "the C++ kernels did not build"
-    q, cache, meta = random_case(5, heads, kv_heads, head_dim, 70, dtype, kv_cache_dtype)
+    q, cache, meta = random_case(5, heads, kv_heads, head_dim, 300, dtype, kv_cache_dtype)  # spans of 128
     expected, expected_received = plain_attention(q, cache, meta)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     for attend in kernel_decode_attention, torch_decode_attention:
@@ -115,7 +115,7 @@ def test_a_drafted_sequences_rows_read_together_keep_the_bits_of_each_row_alone(
     context each; the kernel reads the blocks once for several of them, and each row must still be what
     it is alone (speculation keeps greedy replies exact only so)."""
     kernels = cpu_kernels()
-    q, cache, meta = random_case(3, 9, 3, 64, 90, dtype, kv_cache_dtype)
+    q, cache, meta = random_case(3, 9, 3, 64, 300, dtype, kv_cache_dtype)
     drafts = [7, 0, 3]  # rows after each sequence's last token: more than one item's worth, none, a few
     rows = [(seq, extra) for seq, count in enumerate(drafts) for extra in range(1 + count)]
     # One more block each, for the draft tokens that spill past the sequence's last one.
@@ -138,6 +138,27 @@ def test_a_drafted_sequences_rows_read_together_keep_the_bits_of_each_row_alone(
         assert torch.equal(
             kernel_decode_attention(q[row : row + 1], cache, alone, kernels), together[row : row + 1]
         )
+
+
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_a_rows_bits_do_not_depend_on_how_many_threads_share_its_context(kv_cache_dtype):
+    """Threads share a long context's spans of 128 tokens (one sequence has too few KV heads to keep every
+    core busy), more threads than cores included; a row must come out the same bits however its spans
+    were shared, as it does alone."""
+    kernels = cpu_kernels()
+    q, cache, meta = random_case(2, 9, 3, 64, 700, torch.bfloat16, kv_cache_dtype)
+    threads = torch.get_num_threads()
+    outputs = []
+    try:
+        for count in (1, 2, 3, 5):
+            torch.set_num_threads(count)
+            outputs.append(kernel_decode_attention(q, cache, meta, kernels))
+            tables, lens = meta.decode_block_tables[:1], meta.decode_context_lens[:1]
+            first = AttentionMetadata(torch.empty(0), torch.empty(0), 1, tables, lens)
+            assert torch.equal(kernel_decode_attention(q[:1], cache, first, kernels), outputs[-1][:1])
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(got, outputs[0]) for got in outputs[1:])
 
 
 def plain_prefill(q, cache: LayerCache, block_ids, cached):

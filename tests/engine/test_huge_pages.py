@@ -1,4 +1,4 @@
-"""The weights live on transparent huge pages where Linux gives them."""
+"""The weights and the KV pool live on transparent huge pages where Linux gives them."""
 
 from pathlib import Path
 
@@ -50,8 +50,11 @@ def test_moved_tensors_keep_their_values_shapes_and_dtypes_side_by_side():
 
 @needs_huge_pages
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_an_engine_streams_its_weights_from_huge_pages(smollm2_dir, dtype):
+def test_an_engine_streams_its_weights_and_its_kv_from_huge_pages(smollm2_dir, dtype):
     llm = LLM(str(smollm2_dir), dtype=dtype, num_kv_blocks=64)
+    pool = llm.engine.runner.kv_cache.tensor
+    assert pool.dtype == getattr(torch, dtype) and pool.shape[2] == 64 and not pool.any()
+    assert huge_bytes_of_mapping(pool.data_ptr()) >= pool.nbytes - HUGE_PAGE
     model = llm.engine.runner.model
     read = [m.packed if m.packed is not None else m.weight for m in model.modules() if isinstance(m, Linear)]
     moved = sum(tensor.nbytes for tensor in {id(tensor): tensor for tensor in read}.values())

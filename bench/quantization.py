@@ -74,7 +74,7 @@ def perplexity(llm: LLM, token_ids: list[int], window: int) -> float:
             ids = token_ids[start : start + window]
             hidden.clear()
             llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=1))
-            logits = torch.cat([model.logits(h) for h in hidden])[: len(ids) - 1].log_softmax(-1)
+            logits = torch.cat([model.logits(h) for h in hidden])[: len(ids) - 1].float().log_softmax(-1)
             targets = torch.tensor(ids[1:], device=logits.device)
             total -= logits.gather(1, targets[:, None]).sum().item()
             count += len(ids) - 1

@@ -10,7 +10,10 @@ from engine.sequence import Sequence
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator) -> list[int]:
-    """logits: (rows, vocab) float32, one row per sequence."""
+    """logits: (rows, vocab), one row per sequence; in the compute dtype, widened to float32 unless every
+    row takes the plain argmax (the same in either dtype)."""
+    if not all(seq.params.greedy and seq.params.repetition_penalty == 1.0 for seq in seqs):
+        logits = logits.float()
     logits = penalized(logits, seqs)
     chosen = argmax(logits)
     random_rows = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
@@ -121,7 +124,7 @@ def accept_drafts(
         targets = sample(logits, rows, generator)
         accepted = next((i for i, draft in enumerate(drafts) if draft != targets[i]), len(drafts))
         return targets[: accepted + 1]
-    probs = target_probs(logits, rows)
+    probs = target_probs(logits.float(), rows)
     source = seq.generator or generator
     for index, draft in enumerate(drafts):
         if torch.rand((), generator=source, device=probs.device) < probs[index, draft]:

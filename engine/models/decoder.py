@@ -237,4 +237,6 @@ class CausalLM(nn.Module):
         return min(m.kernels.packed_linear_rows_per_pass(m.in_features) for m in linears)
 
     def logits(self, hidden: torch.Tensor, kernel_rows: int | None = None) -> torch.Tensor:
-        return self.lm_head(hidden, kernel_rows).float()
+        """In the compute dtype, as transformers rounds them before widening: a greedy row's argmax needs no
+        float32 copy (one of 49,152 logits cost a batch-1 step 75 us), the sampler widens the others."""
+        return self.lm_head(hidden, kernel_rows)

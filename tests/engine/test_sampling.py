@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.sampler import argmax
+from engine.sampler import argmax, sample
+from engine.sequence import Sequence
 from engine.testing.oracle import reference_greedy, reference_model
 
 
@@ -105,3 +106,26 @@ def test_the_fast_argmax_picks_the_first_of_equal_maxima_as_torch_argmax_does():
     assert torch.equal(argmax(logits), logits.argmax(dim=-1))
     assert argmax(logits)[1] == 7 and argmax(logits)[2] == 0 and argmax(logits)[3] == 900
     assert argmax(logits[1]).shape == () and argmax(logits[1]) == 7  # one row, as a draft's draw takes it
+
+
+def test_logits_in_bf16_give_the_argmax_as_they_are_and_are_widened_to_sample():
+    """The model's logits come in the compute dtype: greedy rows take their argmax as they are (a bf16
+    value widens exactly, so it is float32's argmax), sampled and penalised rows a float32 copy."""
+    logits = torch.randn(5, 1000, generator=torch.Generator().manual_seed(0)).bfloat16()
+    logits[1, [3, 600]] = 40.0  # equal maxima: the first
+
+    def seqs(*params):  # each with its row's maximum as its one token
+        return [Sequence(str(i), [int(logits[i].float().argmax())], p) for i, p in enumerate(params)]
+
+    greedy = seqs(*[SamplingParams(temperature=0)] * 5)
+    assert sample(logits, greedy, torch.Generator()) == logits.float().argmax(dim=-1).tolist()
+    mixed = seqs(
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=0, repetition_penalty=9.0),
+        SamplingParams(temperature=0),
+    )
+    expected = sample(logits.float(), mixed, torch.Generator().manual_seed(5))
+    assert sample(logits, mixed, torch.Generator().manual_seed(5)) == expected
+    assert expected[3] != int(logits[3].float().argmax())  # the penalty moved row 3 off its maximum

@@ -83,6 +83,16 @@ inline void fetch_ahead(const C* cache, const DecodeProblem& p, const int64_t* t
     fetch_to_l2(head_block(cache, p, table[b + next], kv_head), p.head_dim * kBlock);
 }
 
+// A bf16 cache's 16 keys of a block row in AVX2's two vectors come as the even and the odd tokens
+// (load_pair: two instructions, where widening them in order took eight), put back in order when stored.
+template <typename C>
+constexpr bool kKeyPairs = std::is_same_v<C, c10::BFloat16> && kVectors == 2;
+
+inline void store_in_order(float* target, vfloat even, vfloat odd) {
+  store(target, __builtin_shufflevector(even, odd, 0, 8, 1, 9, 2, 10, 3, 11));
+  store(target + kLanes, __builtin_shufflevector(even, odd, 4, 12, 5, 13, 6, 14, 7, 15));
+}
+
 // scores[g][first:first + 16] = scale * q_g . each key of the block (past the context: whatever it holds).
 template <typename C, int GROUP>
 void qk_block(const DecodeProblem& p, const float* query, const C* keys, const float* key_scales, float* scores,
@@ -93,7 +103,10 @@ void qk_block(const DecodeProblem& p, const float* query, const C* keys, const f
   for (int64_t d = 0; d < p.head_dim; d += CHAINS) {
     for (int c = 0; c < CHAINS; ++c) {
       vwide row[kVectors];
-      for (int v = 0; v < kVectors; ++v) row[v] = load_wide(keys + (d + c) * kBlock + v * kWideLanes);
+      if constexpr (kKeyPairs<C>)
+        load_pair(keys + (d + c) * kBlock, row[0], row[1]);
+      else
+        for (int v = 0; v < kVectors; ++v) row[v] = load_wide(keys + (d + c) * kBlock + v * kWideLanes);
       for (int g = 0; g < GROUP; ++g) {
         const float x = query[g * p.head_dim + d + c];
         for (int v = 0; v < kVectors; ++v) acc[c][g][v] += x * row[v];
@@ -103,6 +116,10 @@ void qk_block(const DecodeProblem& p, const float* query, const C* keys, const f
   if constexpr (CHAINS == 2)
     for (int g = 0; g < GROUP; ++g)
       for (int v = 0; v < kVectors; ++v) acc[0][g][v] += acc[1][g][v];
+  if constexpr (kKeyPairs<C>) {
+    for (int g = 0; g < GROUP; ++g) store_in_order(scores + g * padded + first, acc[0][g][0], acc[0][g][1]);
+    return;
+  }
   for (int v = 0; v < kVectors; ++v) {
     const vwide key_scale = load_wide(key_scales + v * kWideLanes);
     for (int g = 0; g < GROUP; ++g) store(scores + g * padded + first + v * kWideLanes, acc[0][g][v] * key_scale);

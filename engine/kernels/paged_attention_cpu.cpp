@@ -83,10 +83,11 @@ inline void fetch_ahead(const C* cache, const DecodeProblem& p, const int64_t* t
     fetch_to_l2(head_block(cache, p, table[b + next], kv_head), p.head_dim * kBlock);
 }
 
-// A bf16 cache's 16 keys of a block row in AVX2's two vectors come as the even and the odd tokens
-// (load_pair: two instructions, where widening them in order took eight), put back in order when stored.
+// A bf16 cache's 16 values in AVX2's two vectors come as the even- and the odd-indexed ones (load_pair: two
+// instructions, where widening them in order took eight): a block row's keys as its even and odd tokens,
+// a token's values as even and odd elements of head_dim; results go back in order when stored.
 template <typename C>
-constexpr bool kKeyPairs = std::is_same_v<C, c10::BFloat16> && kVectors == 2;
+constexpr bool kPairs = std::is_same_v<C, c10::BFloat16> && kVectors == 2;
 
 inline void store_in_order(float* target, vfloat even, vfloat odd) {
   store(target, __builtin_shufflevector(even, odd, 0, 8, 1, 9, 2, 10, 3, 11));
@@ -103,7 +104,7 @@ void qk_block(const DecodeProblem& p, const float* query, const C* keys, const f
   for (int64_t d = 0; d < p.head_dim; d += CHAINS) {
     for (int c = 0; c < CHAINS; ++c) {
       vwide row[kVectors];
-      if constexpr (kKeyPairs<C>)
+      if constexpr (kPairs<C>)
         load_pair(keys + (d + c) * kBlock, row[0], row[1]);
       else
         for (int v = 0; v < kVectors; ++v) row[v] = load_wide(keys + (d + c) * kBlock + v * kWideLanes);
@@ -116,7 +117,7 @@ void qk_block(const DecodeProblem& p, const float* query, const C* keys, const f
   if constexpr (CHAINS == 2)
     for (int g = 0; g < GROUP; ++g)
       for (int v = 0; v < kVectors; ++v) acc[0][g][v] += acc[1][g][v];
-  if constexpr (kKeyPairs<C>) {
+  if constexpr (kPairs<C>) {
     for (int g = 0; g < GROUP; ++g) store_in_order(scores + g * padded + first, acc[0][g][0], acc[0][g][1]);
     return;
   }
@@ -135,7 +136,10 @@ void pv_block(const float* probabilities, int64_t padded, const C* values, const
     for (int v = 0; v < VECTORS; ++v) acc[g][v] = load_wide(sums + g * head_dim + d0 + v * kWideLanes);
   for (int64_t t = 0; t < count; ++t) {
     vwide row[VECTORS];
-    for (int v = 0; v < VECTORS; ++v) row[v] = load_wide(values + t * head_dim + d0 + v * kWideLanes);
+    if constexpr (kPairs<C>)
+      for (int v = 0; v < VECTORS; v += 2) load_pair(values + t * head_dim + d0 + v * kWideLanes, row[v], row[v + 1]);
+    else
+      for (int v = 0; v < VECTORS; ++v) row[v] = load_wide(values + t * head_dim + d0 + v * kWideLanes);
     for (int g = 0; g < GROUP; ++g) {
       float weight = probabilities[g * padded + first + t];
       if constexpr (std::is_same_v<C, int8_t>) weight *= value_scales[t];
@@ -192,6 +196,7 @@ void qk(const DecodeProblem& p, const C* k_cache, const int64_t* table, int64_t 
 template <typename C, int GROUP>
 void pv(const DecodeProblem& p, const C* v_cache, const int64_t* table, int64_t kv_head, Row* rows, int64_t count,
         int64_t padded, int64_t span) {
+  constexpr int PASS = kPairs<C> ? std::max(2, pass_vectors(GROUP) / 2 * 2) : pass_vectors(GROUP);
   const int64_t blocks = padded / kBlock, start = span * kSpanBlocks;
   for (int64_t r = 0; r < count; ++r) {
     float* sums = rows[r].span_sums + span * GROUP * p.head_dim;
@@ -205,14 +210,24 @@ void pv(const DecodeProblem& p, const C* v_cache, const int64_t* table, int64_t 
     for (int64_t r = 0; r < count; ++r) {
       const int64_t tokens = std::min(kBlock, rows[r].length - first);
       float* sums = rows[r].span_sums + span * GROUP * p.head_dim;
-      for (int64_t d0 = 0; tokens > 0 && d0 < p.head_dim; d0 += pass_vectors(GROUP) * kWideLanes) {
-        with_constant<pass_vectors(GROUP)>((p.head_dim - d0) / kWideLanes, [&](auto vectors) {
+      for (int64_t d0 = 0; tokens > 0 && d0 < p.head_dim; d0 += PASS * kWideLanes) {
+        with_constant<PASS>((p.head_dim - d0) / kWideLanes, [&](auto vectors) {
           pv_block<C, GROUP, decltype(vectors)::value>(rows[r].scores, padded, values, value_scales, first, tokens,
                                                        p.head_dim, d0, sums);
         });
       }
     }
   }
+  if constexpr (kPairs<C>)
+    for (int64_t r = 0; r < count; ++r) {
+      float* sums = rows[r].span_sums + span * GROUP * p.head_dim;
+      for (int64_t i = 0; i < GROUP * p.head_dim; i += 2 * kLanes) {
+        vfloat even, odd;
+        std::memcpy(&even, sums + i, sizeof(even));
+        std::memcpy(&odd, sums + i + kLanes, sizeof(odd));
+        store_in_order(sums + i, even, odd);
+      }
+    }
 }
 
 #ifdef __AVX512BF16__

@@ -7,11 +7,12 @@
 // 4-sequence step with drafts of 6 at 600 tokens took 10.0 ms instead of 10.8 for SmolLM2's 30 layers on
 // a 2-core AMX Xeon, little because the rows' arithmetic, not the reads, bounds it there).  Its scores
 // for the query heads sharing the KV head (GROUP, a compile-time constant so their accumulators stay in
-// registers) go to a per-thread buffer that stays in L1, become probabilities there
+// registers) go to a buffer of the thread's that stays in L1, become probabilities there
 // (normalised before p.v, as transformers does: dividing the sums afterwards parted an int8-KV session
-// from its oracle at a 0.11 logit margin), and multiply the values.  One parallel region per layer, no
-// scores tensor (two kernels and torch's softmax between them took three regions and 3-4x this time at 32
-// sequences of 400 tokens).
+// from its oracle at a 0.11 logit margin), and multiply the values.  Threads take an item's context by
+// spans of 128 tokens where whole items would leave one idle (Attention::run).  One parallel region per
+// layer, no scores tensor (two kernels and torch's softmax between them took three regions and 3-4x this
+// time at 32 sequences of 400 tokens).
 //
 // A block holds its keys transposed, (kv_heads, head_dim, 16 tokens), so q.k runs along the block's
 // tokens in vector lanes with no horizontal sums, and its values as (kv_heads, 16 tokens, head_dim), so
@@ -85,7 +86,8 @@ inline void fetch_ahead(const C* cache, const DecodeProblem& p, const int64_t* t
 
 // A bf16 cache's 16 values in AVX2's two vectors come as the even- and the odd-indexed ones (load_pair: two
 // instructions, where widening them in order took eight): a block row's keys as its even and odd tokens,
-// a token's values as even and odd elements of head_dim; results go back in order when stored.
+// a token's values as even and odd elements of head_dim; results go back in order when stored.  (A bf16
+// cache has no scales to apply.)
 template <typename C>
 constexpr bool kPairs = std::is_same_v<C, c10::BFloat16> && kVectors == 2;
 
@@ -362,7 +364,9 @@ struct Attention {
   const T* q;
   const C *k_cache, *v_cache;
   T* out;
-  float* received_parts;  // if not null: a (rows, kv_heads, max_context) row per row and KV head to add to
+  // If not null: a (rows, kv_heads, max_context) row per row and KV head to add to, summed over heads
+  // afterwards; the thread that normalises a row adds to it, so no two threads add to one.
+  float* received_parts;
   const std::vector<Item>& items;
   std::vector<Progress>& progress;
 
@@ -486,7 +490,7 @@ void attend_all(const DecodeProblem& p, int64_t rows, const T* q, const C* k_cac
   const std::vector<int64_t> work = unit_work(p, items);
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(work.size()) - 1);
   const std::vector<int64_t> cuts = balanced_cuts(work, threads);
-  // The calling thread's, kept between calls: fresh pages for it each call cost more than batch-1 attention.
+  // The calling thread's, kept between calls: a long context's shared scores take no fresh pages each layer.
   thread_local std::vector<float> shared_memory;
   share_memory(items, cuts, GROUP, p.head_dim, shared_memory);
   std::vector<Progress> progress(items.size());

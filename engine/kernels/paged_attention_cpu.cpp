@@ -224,10 +224,7 @@ void pv(const DecodeProblem& p, const C* v_cache, const int64_t* table, int64_t 
     for (int64_t r = 0; r < count; ++r) {
       float* sums = rows[r].span_sums + span * GROUP * p.head_dim;
       for (int64_t i = 0; i < GROUP * p.head_dim; i += 2 * kLanes) {
-        vfloat even, odd;
-        std::memcpy(&even, sums + i, sizeof(even));
-        std::memcpy(&odd, sums + i + kLanes, sizeof(odd));
-        store_in_order(sums + i, even, odd);
+        store_in_order(sums + i, load_lanes(sums + i), load_lanes(sums + i + kLanes));
       }
     }
 }
